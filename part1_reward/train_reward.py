@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from rlhf.batching import collate_pairs, encode_pairs
+from rlhf.batching import collate_pairs, encode_pairs, pair_length
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl
@@ -29,11 +29,10 @@ from rlhf.training import fit, forward_map, make_accelerator
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("reward", argv)
+    started = start_stage("reward", argv, requires=("sft",))
     if started is None:
         return
     cfg, run = started
-    run.require("sft", cfg)
     t_start = time.perf_counter()
 
     # 1. Pairs, tokenized once; chosen and rejected go through one concatenated forward pass.
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
             return list(zip(chosen.tolist(), rejected.tolist()))
 
         model.eval()
-        return forward_map(score, split_pairs, cfg.reward.eval_batch_size, accelerator)
+        return forward_map(score, split_pairs, cfg.reward.eval_batch_size, accelerator, lengths=[pair_length(p) for p in split_pairs])
 
     # 2. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024).
     model = build_reward_model(run.model_dir("sft"), cfg.reward)
@@ -72,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
 
     logger = MetricLogger("reward", run.stage("reward"), run.tensorboard_dir("reward"), cfg, enabled=accelerator.is_main_process)
     model, loop = fit(stage="reward", tcfg=cfg.reward, cfg=cfg, run=run, accelerator=accelerator, model=model,
-                      examples=pairs["train"], lengths=[len(p.prompt_ids) + max(len(p.chosen_ids), len(p.rejected_ids)) for p in pairs["train"]],
+                      examples=pairs["train"], lengths=[pair_length(p) for p in pairs["train"]],
                       collate=collate, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
 
     # 3. Normalise: reference responses (the SFT demonstrations, i.e. train chosen) score mean 0.

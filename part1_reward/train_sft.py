@@ -42,16 +42,15 @@ def validation_nll(model, examples, collate, batch_size, accelerator) -> float:
         return list(zip(nll.tolist(), batch["response_mask"].sum(1).tolist()))
 
     model.eval()
-    results = forward_map(nll_and_count, examples, batch_size, accelerator)
+    results = forward_map(nll_and_count, examples, batch_size, accelerator, lengths=[len(p) + len(r) for p, r in examples])
     return sum(n for n, _ in results) / sum(c for _, c in results)
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("sft", argv)
+    started = start_stage("sft", argv, requires=("data",))
     if started is None:
         return
     cfg, run = started
-    run.require("data", cfg)
     t_start = time.perf_counter()
 
     # 1. Data: prompt ids + chosen response ids (EOS appended).

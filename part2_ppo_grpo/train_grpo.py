@@ -40,7 +40,7 @@ from rlhf.ops import group_advantages, masked_mean
 from rlhf.plots import plot_training_curves
 from rlhf.rl import (
     accumulation_weights, append_samples, apply_missing_eos_penalty, check_context, check_gold_prompts, check_grpo_config,
-    compare_with_sft, context_size, earlier_rows, eval_rows, frozen, gold_scores, iteration_prompts, minibatch_indices, pearson,
+    compare_with_sft, context_size, eval_rows, frozen, gold_scores, iteration_prompts, minibatch_indices, pearson,
     peak_memory_mb, plan_rl, sample_for_eval, sequence_kl, set_cpu_threads, shifted_entropy, shifted_logprobs,
     state_memory_mb, unique_prompts, weights_digest,
 )
@@ -55,12 +55,11 @@ CURVES = ["grpo/objective/scores", "grpo/gold/score_mean", "grpo/objective/kl", 
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("grpo", argv)
+    started = start_stage("grpo", argv, requires=("reward",), check=lambda cfg: check_grpo_config(cfg.grpo))
     if started is None:
         return
     cfg, run = started
     gcfg = cfg.grpo
-    run.require("reward", cfg)
     t_start = time.perf_counter()
 
     # 1. Prompts and batch-size rules (whole groups per process), checked before any model is loaded.
@@ -70,7 +69,6 @@ def main(argv: list[str] | None = None) -> None:
     eval_prompts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[: gcfg.eval_prompts]
     train_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, train_prompts)]
     eval_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, eval_prompts)]
-    check_grpo_config(gcfg)
     if cfg.data.path == "embedded":
         check_gold_prompts("grpo", train_prompts, "data/train.jsonl")
         check_gold_prompts("grpo", eval_prompts, "data/val.jsonl")
@@ -104,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
         iteration = state["iteration"]
         accelerator.print(f"[grpo] resumed from iteration {iteration}/{plan.iterations}")
     resumed_from = iteration
-    history_before = earlier_rows(run.stage("grpo") / "metrics.jsonl", iteration) if accelerator.is_main_process else []
     logger = MetricLogger("grpo", run.stage("grpo"), run.tensorboard_dir("grpo"), cfg, enabled=accelerator.is_main_process)
+    logger.resume(iteration)
     logger.progress(plan.iterations, initial=iteration, desc="grpo")
     loop_start = time.perf_counter()
     metrics: dict[str, float] = {}
@@ -241,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     if accelerator.is_main_process:
         save_pretrained_atomic(unwrapped, tokenizer, run.model_dir("grpo"))
         write_jsonl(run.stage("grpo") / "eval_samples.jsonl", eval_rows(eval_prompts, policy_eval, sft_eval))
-        plot_training_curves(history_before + logger.history, CURVES, run.stage("grpo") / "curves.png", "GRPO")
+        plot_training_curves(logger.history, CURVES, run.stage("grpo") / "curves.png", "GRPO")
         write_json_atomic(run.stage("grpo") / "results.json", results)
         run.update_summary({"grpo": results, "timing_s": {"grpo": round(time.perf_counter() - t_start, 2)}})
         run.mark_complete("grpo", cfg, {"iterations": iteration})

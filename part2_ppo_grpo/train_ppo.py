@@ -40,7 +40,7 @@ from rlhf.ops import explained_variance, gae_advantages, masked_mean, masked_whi
 from rlhf.plots import plot_training_curves
 from rlhf.rl import (
     accumulation_weights, align_values, append_samples, apply_missing_eos_penalty, build_ppo_optimizer, check_context, check_gold_prompts, check_ppo_config, compare_with_sft,
-    context_size, earlier_rows, eval_rows, frozen, gold_scores, iteration_prompts, make_kl_controller, minibatch_indices, pearson, peak_memory_mb,
+    context_size, eval_rows, frozen, gold_scores, iteration_prompts, make_kl_controller, minibatch_indices, pearson, peak_memory_mb,
     plan_rl, sample_for_eval, sequence_kl, set_cpu_threads, shape_rewards, shifted_entropy, shifted_logprobs, state_memory_mb,
     unique_prompts, weights_digest,
 )
@@ -67,12 +67,11 @@ def policy_and_values(model, rollout, temperature: float, batch_size: int) -> tu
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("ppo", argv)
+    started = start_stage("ppo", argv, requires=("reward",), check=lambda cfg: check_ppo_config(cfg.ppo))
     if started is None:
         return
     cfg, run = started
     pcfg = cfg.ppo
-    run.require("reward", cfg)
     t_start = time.perf_counter()
 
     # 1. Prompts and batch-size rules, checked before any model is loaded.
@@ -82,7 +81,6 @@ def main(argv: list[str] | None = None) -> None:
     eval_prompts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[: pcfg.eval_prompts]
     train_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, train_prompts)]
     eval_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, eval_prompts)]
-    check_ppo_config(pcfg)
     if cfg.data.path == "embedded":
         check_gold_prompts("ppo", train_prompts, "data/train.jsonl")
         check_gold_prompts("ppo", eval_prompts, "data/val.jsonl")
@@ -118,8 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         iteration, kl_controller.value = state["iteration"], state["kl_coef"]
         accelerator.print(f"[ppo] resumed from iteration {iteration}/{plan.iterations}")
     resumed_from = iteration
-    history_before = earlier_rows(run.stage("ppo") / "metrics.jsonl", iteration) if accelerator.is_main_process else []
     logger = MetricLogger("ppo", run.stage("ppo"), run.tensorboard_dir("ppo"), cfg, enabled=accelerator.is_main_process)
+    logger.resume(iteration)
     logger.progress(plan.iterations, initial=iteration, desc="ppo")
     loop_start = time.perf_counter()
     metrics: dict[str, float] = {}
@@ -265,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     if accelerator.is_main_process:
         save_pretrained_atomic(unwrapped.policy, tokenizer, run.model_dir("ppo"))
         write_jsonl(run.stage("ppo") / "eval_samples.jsonl", eval_rows(eval_prompts, policy_eval, sft_eval))
-        plot_training_curves(history_before + logger.history, CURVES, run.stage("ppo") / "curves.png", "PPO")
+        plot_training_curves(logger.history, CURVES, run.stage("ppo") / "curves.png", "PPO")
         write_json_atomic(run.stage("ppo") / "results.json", results)
         run.update_summary({"ppo": results, "timing_s": {"ppo": round(time.perf_counter() - t_start, 2)}})
         run.mark_complete("ppo", cfg, {"iterations": iteration})

@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlhf import task
-from rlhf.batching import EncodedPair, collate_pairs, encode_pairs, encode_texts
+from rlhf.batching import EncodedPair, collate_pairs, encode_pairs, encode_texts, pair_length
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.config import Config
@@ -90,15 +90,9 @@ def pair_logps(model, batch: dict, average: bool) -> tuple[torch.Tensor, torch.T
     return chosen, rejected
 
 
-def pair_length(pair: EncodedPair) -> int:
-    return len(pair.prompt_ids) + max(len(pair.chosen_ids), len(pair.rejected_ids))
-
-
 def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accelerator, average: bool) -> torch.Tensor:
-    """(N, 2) [chosen, rejected] log-probs of every pair; forward-only, sharded over processes.
-    Pairs are batched in length order (less padding) and returned in their original order."""
-    order = sorted(range(len(pairs)), key=lambda i: pair_length(pairs[i]))
-
+    """(N, 2) [chosen, rejected] log-probs of every pair, in their original order; forward-only,
+    batched by length and sharded over processes."""
     def score(batch_pairs):
         batch = {k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()}
         with accelerator.autocast():
@@ -106,10 +100,7 @@ def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accel
         return torch.stack([chosen, rejected], dim=1).float().cpu().tolist()  # (B, 2)
 
     model.eval()
-    values = torch.tensor(forward_map(score, [pairs[i] for i in order], batch_size, accelerator))  # (N, 2) sorted
-    result = torch.empty(len(pairs), 2)
-    result[order] = values
-    return result
+    return torch.tensor(forward_map(score, pairs, batch_size, accelerator, lengths=[pair_length(p) for p in pairs]))  # (N, 2)
 
 
 class PrecomputedReference:
@@ -231,13 +222,10 @@ def head_to_head(scores: list[float], baseline_scores: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("dpo", argv)
+    started = start_stage("dpo", argv, requires=("data", "sft"), check=validate)
     if started is None:
         return
     cfg, run = started
-    validate(cfg)
-    run.require("data", cfg)
-    run.require("sft", cfg)
     t_start = time.perf_counter()
     timing: dict[str, float] = {}
     dcfg = cfg.dpo

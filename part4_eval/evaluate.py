@@ -126,11 +126,10 @@ def build_judges(cfg, run, is_embedded: bool, scorer) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("eval", argv)
+    started = start_stage("eval", argv, requires=("reward",))
     if started is None:
         return
     cfg, run = started
-    run.require("reward", cfg)
     t_start = time.perf_counter()
     out_dir = run.stage("eval")
     (out_dir / "responses").mkdir(parents=True, exist_ok=True)

@@ -136,11 +136,10 @@ def draw_figures(data: RunData, histories: dict[str, list[dict]], out_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("report", argv)
+    started = start_stage("report", argv, requires=("eval",))
     if started is None:
         return
     cfg, run = started
-    run.require("eval", cfg)
     if not run.summary_path.is_file():
         raise UserError(f"no summary.json in {run.root}; run the pipeline (bash run_all.sh) before the report")
     t_start = time.perf_counter()

@@ -21,6 +21,11 @@ class EncodedPair:
     rejected_ids: list[int]
 
 
+def pair_length(pair: EncodedPair) -> int:
+    """Tokens in the longer of the pair's two sequences: the width it adds to a batch."""
+    return len(pair.prompt_ids) + max(len(pair.chosen_ids), len(pair.rejected_ids))
+
+
 def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
     return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
 

@@ -375,23 +375,6 @@ def sample_for_eval(policy, tokenizer, prompt_ids: list[list[int]], sampling: Sa
             "finished": [i["finished"] for i in items], "kl": [i["kl"] for i in items]}
 
 
-def earlier_rows(metrics_path, upto: int) -> list[dict]:
-    """Metric rows a resumed run logged before its checkpoint (the last row per step), for its curves."""
-    import json
-    from pathlib import Path
-
-    path = Path(metrics_path)
-    if upto <= 0 or not path.is_file():
-        return []
-    rows: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if row["step"] <= upto:
-                rows[row["step"]] = {**rows.get(row["step"], {}), **row}
-    return [rows[step] for step in sorted(rows)]
-
-
 def append_samples(path, iteration: int, prompts: list[str], responses: list[str], scores: list[float], finished: list[bool],
                    gold: bool) -> None:
     """Append training samples (prompt, response, score; gold score on the embedded task) to a JSONL file."""

@@ -15,10 +15,15 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from rlhf.config import Config, dump_yaml
+from rlhf.run import write_text_atomic
 
 
 class MetricLogger:
-    """Main-process metric sink. On other processes every call is a no-op."""
+    """Main-process metric sink. On other processes every call is a no-op.
+
+    A training stage calls `resume(step)` once it knows where it starts, so that `metrics.jsonl`,
+    TensorBoard and `history` (what the curves are drawn from) describe this one run.
+    """
 
     def __init__(self, stage: str, stage_dir: Path, tensorboard_dir: Path, cfg: Config, enabled: bool = True):
         self.stage = stage
@@ -33,9 +38,34 @@ class MetricLogger:
 
         stage_dir.mkdir(parents=True, exist_ok=True)
         (stage_dir / "config.yaml").write_text(dump_yaml(cfg))
-        self._jsonl = open(stage_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._writer = SummaryWriter(str(tensorboard_dir))
-        self._writer.add_text(f"{stage}/config", "```\n" + dump_yaml(cfg) + "\n```")
+        self._jsonl_path = stage_dir / "metrics.jsonl"
+        self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")
+        self._tensorboard = (SummaryWriter, str(tensorboard_dir), "```\n" + dump_yaml(cfg) + "\n```")
+        self._open_writer(purge_step=None)
+
+    def _open_writer(self, purge_step: int | None) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        writer_class, log_dir, config_text = self._tensorboard
+        self._writer = writer_class(log_dir, purge_step=purge_step)
+        self._writer.add_text(f"{self.stage}/config", config_text)
+
+    def resume(self, step: int) -> None:
+        """This run starts after `step`: the checkpoint it resumed from, 0 for a fresh start.
+
+        Rows logged after `step` by an earlier attempt (all rows, on a fresh start: a re-run with
+        --force or a new config) are dropped from metrics.jsonl and TensorBoard; the rows kept
+        become `history`, so a resumed run's curves still show its first part.
+        """
+        if not self.enabled:
+            return
+        self._jsonl.close()
+        lines = self._jsonl_path.read_text(encoding="utf-8").splitlines() if step > 0 else []
+        kept = [row for row in (json.loads(line) for line in lines if line.strip()) if row["step"] <= step]
+        write_text_atomic(self._jsonl_path, "".join(json.dumps(row) + "\n" for row in kept))
+        self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")
+        self.history = kept
+        self._open_writer(purge_step=step + 1 if step > 0 else 0)
 
     def progress(self, total: int, initial: int = 0, desc: str | None = None) -> None:
         if self.enabled:

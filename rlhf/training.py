@@ -136,10 +136,13 @@ def fit(
             step = state["step"]
             accelerator.print(f"[{stage}] resumed from step {step}/{plan.total_steps}")
     resumed_from = step
+    logger.resume(step)
 
     # 2. One optimizer step per global batch, micro-batches accumulated locally.
     logger.progress(plan.total_steps, initial=step, desc=stage)
     rank = accelerator.process_index
+    window: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))  # sums since the last log
+    window_steps = 0
     while step < plan.total_steps:
         epoch, position = divmod(step, plan.steps_per_epoch)
         order = epoch_order(lengths, cfg.run.seed, epoch, tcfg.batch_size, tcfg.group_by_length)
@@ -169,10 +172,15 @@ def fit(
         optimizer.zero_grad(set_to_none=True)
         step += 1
         logger.advance()
+        for key, value in totals.items():
+            window[key] += value
+        window_steps += 1
 
-        # 3. Metrics, evaluation and checkpoints on their own clocks.
+        # 3. Metrics (means over the steps since the last log), evaluation and checkpoints on their own clocks.
         if step % cfg.run.log_every == 0 or step == plan.total_steps:
-            reduced = {f"{stage}/train/{k}": accelerator.reduce(v, reduction="mean").item() for k, v in totals.items()}
+            reduced = {f"{stage}/train/{k}": accelerator.reduce(v / window_steps, reduction="mean").item() for k, v in window.items()}
+            window.clear()
+            window_steps = 0
             reduced[f"{stage}/train/lr"] = scheduler.get_last_lr()[0]
             reduced[f"{stage}/train/epoch"] = step / plan.steps_per_epoch
             logger.log(step, reduced, postfix=(f"{stage}/train/loss",))
@@ -188,15 +196,21 @@ def fit(
 
 
 @torch.no_grad()
-def forward_map(fn: Callable[[list], list], items: list, batch_size: int, accelerator: Accelerator) -> list:
+def forward_map(fn: Callable[[list], list], items: list, batch_size: int, accelerator: Accelerator,
+                lengths: list[int] | None = None) -> list:
     """Apply `fn` (a batch of items -> a list of per-item results) over `items` with no autograd,
-    sharded across processes, and return the results in the original order on every process."""
-    rank, world = accelerator.process_index, accelerator.num_processes
-    mine = list(range(rank, len(items), world))
+    sharded across processes, and return the results in the original order on every process.
+
+    With `lengths` (tokens per item), batches are formed longest first: each batch then holds
+    items of similar length, so little of a forward-only pass is spent on padding, and the widest
+    batch (the one that could run out of memory) comes first.
+    """
+    order = sorted(range(len(items)), key=lambda i: -lengths[i]) if lengths is not None else list(range(len(items)))
+    mine = order[accelerator.process_index::accelerator.num_processes]
     results = []
     for start in range(0, len(mine), batch_size):
         indices = mine[start:start + batch_size]
         results += list(zip(indices, fn([items[i] for i in indices])))
-    if world > 1:
+    if accelerator.num_processes > 1:
         results = gather_object(results)
     return [value for _, value in sorted(results, key=lambda pair: pair[0])]

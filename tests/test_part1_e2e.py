@@ -80,6 +80,10 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
     shutil.copytree(tiny_run, run)
     skipped = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES)
     assert "already complete" in skipped.stdout
+    # A re-run whose upstream stage does not match fails in one line and keeps the finished stage.
+    mismatched = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "sft.lr=0.5", "reward.lr=0.5", check=False)
+    assert mismatched.returncode == 2 and "stage 'sft' was run with a different config" in mismatched.stderr
+    assert "already complete" in run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES).stdout
     changed = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.max_steps=3")
     assert "already complete" not in changed.stdout
     assert read_summary(run)["reward_model"]["steps"] == 3

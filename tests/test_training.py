@@ -5,7 +5,7 @@ import pytest
 from rlhf.config import TrainConfig
 from rlhf.errors import UserError
 from rlhf.reward_analysis import error_categories, pearson
-from rlhf.training import epoch_order, plan_steps
+from rlhf.training import epoch_order, forward_map, plan_steps
 
 
 def test_plan_steps_derives_accumulation_and_total():
@@ -44,6 +44,25 @@ def test_grouping_by_length_cuts_padding():
     plain = padded(epoch_order(lengths, 0, 0, 16, False))
     grouped = padded(epoch_order(lengths, 0, 0, 16, True))
     assert grouped < 0.7 * plain
+
+
+class OneProcess:
+    process_index, num_processes = 0, 1
+
+
+def test_forward_map_batches_longest_first_and_returns_the_original_order():
+    items = ["bb", "a", "dddd", "ccc", "e"]
+    batches = []
+
+    def fn(batch):
+        batches.append(batch)
+        return [item.upper() for item in batch]
+
+    assert forward_map(fn, items, 2, OneProcess(), lengths=[len(i) for i in items]) == ["BB", "A", "DDDD", "CCC", "E"]
+    assert batches == [["dddd", "ccc"], ["bb", "a"], ["e"]]  # ties keep input order
+    batches.clear()
+    assert forward_map(fn, items, 2, OneProcess()) == ["BB", "A", "DDDD", "CCC", "E"]
+    assert batches == [["bb", "a"], ["dddd", "ccc"], ["e"]]
 
 
 def test_pearson_by_hand():
