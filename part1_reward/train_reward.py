@@ -19,6 +19,7 @@ from rlhf.batching import collate_pairs, encode_pairs, pair_length
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl
+from rlhf.errors import UserError
 from rlhf.losses import bradley_terry_loss
 from rlhf.models import REWARD_CONFIG_FILE, build_reward_model, fold_reward_offset, load_tokenizer, reward_scores
 from rlhf.plots import plot_reward_distributions, plot_training_curves
@@ -28,8 +29,13 @@ from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator
 
 
+def check_reward_config(cfg) -> None:
+    if not 0 <= cfg.reward.label_smoothing < 0.5:
+        raise UserError(f"reward.label_smoothing must be in [0, 0.5), got {cfg.reward.label_smoothing}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("reward", argv, requires=("sft",))
+    started = start_stage("reward", argv, requires=("sft",), check=check_reward_config)
     if started is None:
         return
     cfg, run = started
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def loss_fn(model, batch):
         chosen, rejected = pair_rewards(model, batch)
-        return bradley_terry_loss(chosen, rejected, margin)
+        return bradley_terry_loss(chosen, rejected, margin, cfg.reward.label_smoothing)
 
     def evaluate(model):
         scores = score_pairs(model, pairs["val"])
@@ -74,21 +80,20 @@ def main(argv: list[str] | None = None) -> None:
                       examples=pairs["train"], lengths=[pair_length(p) for p in pairs["train"]],
                       collate=collate, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
 
-    # 3. Normalise: reference responses (the SFT demonstrations, i.e. train chosen) score mean 0.
-    offset_left = 0.0
-    offset = 0.0
+    # 3. Score the held-out pairs, then normalise (Huang et al. 2024): the reference responses, SFT
+    #    demonstrations (chosen responses; held-out ones, whose scores we need anyway), score mean 0.
+    held_out = {split: score_pairs(model, pairs[split]) for split in ("val", "test") if pairs[split]}
+    offset, not_folded = 0.0, 0.0
     if cfg.reward.normalize:
-        reference = pairs["train"][:2000]
-        offset = statistics.fmean(c for c, _ in score_pairs(model, reference))
-        offset_left = fold_reward_offset(model, offset)
+        reference = held_out.get("val") or score_pairs(model, pairs["train"][:2000])
+        offset = statistics.fmean(c for c, _ in reference)
+        not_folded = fold_reward_offset(model, offset)  # 0.0 when the saved weights absorb it
+        held_out = {split: [(c - offset, r - offset) for c, r in scores] for split, scores in held_out.items()}
 
     # 4. Held-out accuracy against the labels (and, on the embedded task, against gold).
     results: dict = {"steps": loop["steps"], "offset": offset}
     analysis: dict = {}
-    for split in ("val", "test"):
-        if not pairs[split]:
-            continue
-        scores = [(c - offset_left, r - offset_left) for c, r in score_pairs(model, pairs[split])]
+    for split, scores in held_out.items():
         correct = [c > r for c, r in scores]
         results[f"{split}_accuracy"] = sum(correct) / len(correct)
         if "gold_chosen" in rows[split][0]:
@@ -109,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     # 5. Publish the model (AutoModelForSequenceClassification-loadable), analysis, summary.
     if accelerator.is_main_process:
         reward_info = {"pooling": cfg.reward.pooling, "head_hidden": cfg.reward.head_hidden,
-                       "offset": offset, "offset_not_folded": offset_left}
+                       "offset": offset, "offset_not_folded": not_folded}
         save_pretrained_atomic(model, tokenizer, run.model_dir("reward"), extra_json={REWARD_CONFIG_FILE: reward_info})
         write_json_atomic(run.stage("reward") / "error_analysis.json", analysis)
         plot_training_curves(logger.history, ["reward/train/loss", "reward/train/accuracy", "reward/val/accuracy",

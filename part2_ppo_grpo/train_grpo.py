@@ -29,25 +29,19 @@ from contextlib import nullcontext
 
 import torch
 
-from rlhf.batching import encode_texts
-from rlhf.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
 from rlhf.cli import run_stage, start_stage
-from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.losses import grpo_loss
 from rlhf.models import load_policy, load_reward_model, load_tokenizer, position_ids_from_mask
 from rlhf.ops import group_advantages, masked_mean
-from rlhf.plots import plot_training_curves
 from rlhf.rl import (
-    accumulation_weights, append_samples, apply_missing_eos_penalty, check_context, check_gold_prompts, check_grpo_config,
-    compare_with_sft, context_size, eval_rows, frozen, gold_scores, iteration_prompts, minibatch_indices, pearson,
-    peak_memory_mb, plan_rl, sample_for_eval, sequence_kl, set_cpu_threads, shifted_entropy, shifted_logprobs,
-    state_memory_mb, unique_prompts, weights_digest,
+    append_samples, apply_missing_eos_penalty, check_context, check_frozen, check_grpo_config, context_size, eval_metrics,
+    evaluate_against_sft, frozen, frozen_digests, gold_metrics, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
+    loop_costs, micro_batches, minibatch_indices, open_rl_logger, peak_memory_mb, plan_rl, publish_rl,
+    response_metrics, save_rl_checkpoint, sequence_kl, set_cpu_threads, shifted_entropy, shifted_logprobs,
 )
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
-from rlhf.run import write_json_atomic
-from rlhf.tracking import MetricLogger
-from rlhf.training import build_optimizer, build_scheduler, make_accelerator
+from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
 
 CURVES = ["grpo/objective/scores", "grpo/gold/score_mean", "grpo/objective/kl", "grpo/objective/entropy", "grpo/objective/zero_std_groups",
           "grpo/responses/length_mean", "grpo/responses/eos_rate", "grpo/policy/clipfrac", "grpo/policy/approxkl",
@@ -60,20 +54,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     cfg, run = started
     gcfg = cfg.grpo
+    gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
     t_start = time.perf_counter()
 
     # 1. Prompts and batch-size rules (whole groups per process), checked before any model is loaded.
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
-    train_prompts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
-    eval_prompts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[: gcfg.eval_prompts]
-    train_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, train_prompts)]
-    eval_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, eval_prompts)]
-    if cfg.data.path == "embedded":
-        check_gold_prompts("grpo", train_prompts, "data/train.jsonl")
-        check_gold_prompts("grpo", eval_prompts, "data/val.jsonl")
-    plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(train_ids), gcfg.group_size)
-    check_context("grpo", max(map(len, train_ids + eval_ids)), gcfg.max_new_tokens, context_size(run.model_dir("sft")))
+    prompts = load_rl_prompts("grpo", run, cfg, tokenizer, gcfg.eval_prompts)
+    plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(prompts.train_ids), gcfg.group_size)
+    check_context("grpo", prompts.longest, gcfg.max_new_tokens, context_size(run.model_dir("sft")))
     sampling = SamplingConfig(gcfg.max_new_tokens, gcfg.temperature, gcfg.top_p, gcfg.top_k)
     clip_high = gcfg.clip if gcfg.clip_high is None else gcfg.clip_high
     on_policy = gcfg.epochs == 1 and gcfg.num_minibatches == 1  # old log-probs = new ones, detached
@@ -84,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     policy = load_policy(run.model_dir("sft"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
     reference = frozen(load_policy(run.model_dir("sft")), device) if gcfg.kl_coef > 0 else None
-    frozen_before = {"reward": weights_digest(reward_model), **({"reference": weights_digest(reference)} if reference else {})}
+    frozen_roles = {"reward": reward_model, "reference": reference}
+    frozen_before = frozen_digests(frozen_roles)
     optimizer = build_optimizer(policy, gcfg)
     scheduler = build_scheduler(optimizer, gcfg, plan.optimizer_steps)
     policy, optimizer = accelerator.prepare(policy, optimizer)
@@ -93,18 +83,9 @@ def main(argv: list[str] | None = None) -> None:
                       f"{'loaded' if reference is not None else 'not loaded (kl_coef=0)'}")
 
     # 3. Resume from the last checkpoint written for this same config, if any.
-    fingerprint = run.fingerprint("grpo", cfg)
-    iteration = 0
-    state = load_training_state(run.checkpoint_dir("grpo"), accelerator.unwrap_model(policy), optimizer, scheduler)
-    if state is not None and state.get("fingerprint") != fingerprint:
-        raise UserError(f"{run.checkpoint_dir('grpo')} belongs to a different config; delete it or pass --force to start over")
-    if state is not None:
-        iteration = state["iteration"]
-        accelerator.print(f"[grpo] resumed from iteration {iteration}/{plan.iterations}")
-    resumed_from = iteration
-    logger = MetricLogger("grpo", run.stage("grpo"), run.tensorboard_dir("grpo"), cfg, enabled=accelerator.is_main_process)
-    logger.resume(iteration)
-    logger.progress(plan.iterations, initial=iteration, desc="grpo")
+    state = load_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, plan.iterations)
+    iteration = resumed_from = 0 if state is None else state["iteration"]
+    logger = open_rl_logger("grpo", run, cfg, accelerator, iteration, plan.iterations)
     loop_start = time.perf_counter()
     metrics: dict[str, float] = {}
 
@@ -112,11 +93,10 @@ def main(argv: list[str] | None = None) -> None:
     while iteration < plan.iterations:
         # 4a. Rollouts: each prompt repeated G times, consecutive rows forming its group.
         t0 = time.perf_counter()
-        prompt_rows = iteration_prompts(len(train_ids), plan.prompts_per_iteration, iteration, cfg.run.seed)
-        local_rows = [i for i in prompt_rows[rank * plan.local_prompts:(rank + 1) * plan.local_prompts] for _ in range(G)]
+        local_rows = local_prompt_rows(len(prompts.train_ids), plan, iteration, cfg.run.seed, rank, G)
         policy.eval()
         with accelerator.autocast():
-            rollout = generate_rollout(accelerator.unwrap_model(policy), tokenizer, [train_ids[i] for i in local_rows], sampling,
+            rollout = generate_rollout(accelerator.unwrap_model(policy), tokenizer, [prompts.train_ids[i] for i in local_rows], sampling,
                                        gcfg.forward_batch_size)
         mask = rollout.response_mask  # (N, T)
         t1 = time.perf_counter()
@@ -139,15 +119,11 @@ def main(argv: list[str] | None = None) -> None:
         stats: dict[str, list[torch.Tensor]] = {}
         for _ in range(gcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator):
-                minibatch = minibatch.to(device)
-                minibatch = minibatch[torch.argsort(rollout.lengths[minibatch], stable=True)]  # similar lengths share a micro-batch
-                weights = accumulation_weights(mask[minibatch], gcfg.micro_batch_size, gcfg.loss_normalization)
+                micro = micro_batches(minibatch.to(device), rollout.lengths, mask, gcfg.micro_batch_size, gcfg.loss_normalization)
                 step_stats: dict[str, torch.Tensor] = {}
-                for k, weight in enumerate(weights):
-                    rows = minibatch[k * gcfg.micro_batch_size:(k + 1) * gcfg.micro_batch_size]
-                    t = int(rollout.lengths[rows].max())  # columns past the longest row are padding
+                for k, (rows, t, weight) in enumerate(micro):
                     input_ids, micro_mask = rollout.input_ids[rows, :t], mask[rows, :t]  # (b, t) each
-                    with accelerator.no_sync(policy) if k < len(weights) - 1 else nullcontext():
+                    with accelerator.no_sync(policy) if k < len(micro) - 1 else nullcontext():
                         attention_mask = rollout.attention_mask[rows, :t]
                         logits = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
                                         use_cache=False).logits  # (b, t, V)
@@ -167,11 +143,9 @@ def main(argv: list[str] | None = None) -> None:
                                    "policy/ratio_mean": loss_stats["ratio_mean"], "policy/k3_kl": loss_stats["kl"], "objective/entropy": entropy}
                     for key, value in micro_stats.items():
                         step_stats[key] = step_stats.get(key, 0.0) + weight * value.detach().float()
-                if gcfg.max_grad_norm > 0:
-                    step_stats["train/grad_norm"] = accelerator.clip_grad_norm_(policy.parameters(), gcfg.max_grad_norm).detach().float()
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                grad_norm = optimizer_step(accelerator, policy, optimizer, scheduler, gcfg.max_grad_norm)
+                if grad_norm is not None:
+                    step_stats["train/grad_norm"] = grad_norm
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(value)
         t3 = time.perf_counter()
@@ -179,19 +153,14 @@ def main(argv: list[str] | None = None) -> None:
         logger.advance()
 
         # 4e. Metrics (means over processes), samples, checkpoint.
-        lengths = rollout.response_lengths.float()
         local = {
             "objective/scores": scores.mean(), "objective/zero_std_groups": zero_std.float().mean(),
             "objective/advantage_std": advantages.std() if advantages.numel() > 1 else torch.zeros(()),
-            "responses/length_mean": lengths.mean(), "responses/eos_rate": rollout.finished.float().mean(),
-            "responses/unfinished": (~rollout.finished).float().sum(),
-            "responses/length_score_corr": torch.tensor(pearson(lengths, scores)),
-            "time/tokens_per_s": lengths.sum() / max(t1 - t0, 1e-9),
+            **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
         }
-        if cfg.data.path == "embedded":  # the gold judge on the training samples: over-optimisation shows here first
-            gold = torch.tensor(gold_scores([train_prompts[i] for i in local_rows], rollout.texts(tokenizer)))
-            local.update({"gold/score_mean": gold.mean(), "gold/good_rate": (gold == 1.0).float().mean()})
+        if gold:  # the gold judge on the training samples: over-optimisation shows here first
+            local.update(gold_metrics([prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)))
         if ref_logprobs is not None:
             local["objective/kl"] = sequence_kl(seen_logprobs, ref_logprobs, mask).mean()
         metrics = {f"grpo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item() for key, value in local.items()}
@@ -201,55 +170,32 @@ def main(argv: list[str] | None = None) -> None:
         logger.log(iteration, metrics, postfix=("grpo/objective/scores", "grpo/objective/zero_std_groups"))
         if accelerator.is_main_process and gcfg.samples_every and (iteration % gcfg.samples_every == 0 or iteration == 1):
             n = gcfg.num_samples
-            append_samples(run.stage("grpo") / "samples.jsonl", iteration, [train_prompts[i] for i in local_rows[:n]],
-                           rollout.texts(tokenizer)[:n], scores[:n].tolist(), rollout.finished[:n].tolist(), cfg.data.path == "embedded")
+            append_samples(run.stage("grpo") / "samples.jsonl", iteration, [prompts.train_texts[i] for i in local_rows[:n]],
+                           rollout.texts(tokenizer)[:n], scores[:n].tolist(), rollout.finished[:n].tolist(), gold)
         if gcfg.save_every and iteration % gcfg.save_every == 0 and iteration < plan.iterations:
-            if accelerator.is_main_process:
-                save_training_state(run.checkpoint_dir("grpo"), accelerator.unwrap_model(policy), optimizer, scheduler,
-                                    {"iteration": iteration, "fingerprint": fingerprint})
-            accelerator.wait_for_everyone()
-    loop_s = time.perf_counter() - loop_start
-    episodes_run = (iteration - resumed_from) * gcfg.batch_size
-    peak_mb, peak_source = peak_memory_mb(device)
+            save_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
     unwrapped = accelerator.unwrap_model(policy)
-    state_mb = state_memory_mb([unwrapped, reward_model] + ([reference] if reference is not None else []), [optimizer])
-    frozen_after = {"reward": weights_digest(reward_model), **({"reference": weights_digest(reference)} if reference else {})}
-    if frozen_after != frozen_before:
-        raise RuntimeError(f"grpo: a frozen role changed during training: {frozen_before} -> {frozen_after}")
+    costs = loop_costs(time.perf_counter() - loop_start, (iteration - resumed_from) * gcfg.batch_size, device,
+                       [unwrapped, reward_model] + ([reference] if reference is not None else []), [optimizer])
+    check_frozen("grpo", frozen_roles, frozen_before)
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both. The SFT
     #    policy is loaded now if training ran without a reference (peak memory was read above).
     sft_policy = reference if reference is not None else frozen(load_policy(run.model_dir("sft")), device)
-    policy_eval = sample_for_eval(unwrapped, tokenizer, eval_ids, sampling, cfg.run.seed, gcfg.forward_batch_size, reward_model,
-                                  accelerator, reference=sft_policy)
-    sft_eval = sample_for_eval(sft_policy, tokenizer, eval_ids, sampling, cfg.run.seed, gcfg.forward_batch_size, reward_model, accelerator)
-    results = compare_with_sft(eval_prompts, policy_eval, sft_eval, gold=cfg.data.path == "embedded")
+    results, eval_samples = evaluate_against_sft(unwrapped, sft_policy, reward_model, tokenizer, prompts, sampling, cfg.run.seed,
+                                                 gcfg.forward_batch_size, accelerator, gold)
     trained = resumed_from < iteration
     results.update({
         "iterations": iteration, "episodes": iteration * gcfg.batch_size, "resumed_from_iteration": resumed_from,
         "group_size": G, "reference_loaded_for_training": reference is not None,
         "train_score_mean": metrics.get("grpo/objective/scores") if trained else None,
         "train_zero_std_groups": metrics.get("grpo/objective/zero_std_groups") if trained else None,
-        "time_per_sample_ms": 1000 * loop_s / episodes_run if episodes_run else None,
-        "peak_memory_mb": peak_mb, "peak_memory_source": peak_source, "state_memory_mb": state_mb, "frozen_roles_unchanged": True,
+        **costs, "frozen_roles_unchanged": True,
     })
-    logger.log(iteration, {f"grpo/eval/{k}": v for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    logger.log(iteration, eval_metrics("grpo", results))
 
     # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    if accelerator.is_main_process:
-        save_pretrained_atomic(unwrapped, tokenizer, run.model_dir("grpo"))
-        write_jsonl(run.stage("grpo") / "eval_samples.jsonl", eval_rows(eval_prompts, policy_eval, sft_eval))
-        plot_training_curves(logger.history, CURVES, run.stage("grpo") / "curves.png", "GRPO")
-        write_json_atomic(run.stage("grpo") / "results.json", results)
-        run.update_summary({"grpo": results, "timing_s": {"grpo": round(time.perf_counter() - t_start, 2)}})
-        run.mark_complete("grpo", cfg, {"iterations": iteration})
-    logger.close()
-    accelerator.wait_for_everyone()
-    line = f"[grpo] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), KL to ref {results['kl_to_ref']:.2f} nats"
-    if "gold_score_mean" in results:
-        line += (f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "
-                 f"gold win rate vs SFT {results['gold_win_rate_vs_sft']:.3f}")
-    accelerator.print(line)
+    publish_rl("grpo", run, cfg, accelerator, logger, unwrapped, tokenizer, results, eval_samples, CURVES, t_start)
 
 
 if __name__ == "__main__":

@@ -29,25 +29,20 @@ from contextlib import nullcontext
 
 import torch
 
-from rlhf.batching import encode_texts
-from rlhf.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
 from rlhf.cli import run_stage, start_stage
-from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.losses import ppo_policy_loss, ppo_value_loss
 from rlhf.models import PolicyAndValue, load_policy, load_reward_model, load_tokenizer, value_model_from_reward
 from rlhf.ops import explained_variance, gae_advantages, masked_mean, masked_whiten
-from rlhf.plots import plot_training_curves
 from rlhf.rl import (
-    accumulation_weights, align_values, append_samples, apply_missing_eos_penalty, build_ppo_optimizer, check_context, check_gold_prompts, check_ppo_config, compare_with_sft,
-    context_size, eval_rows, frozen, gold_scores, iteration_prompts, make_kl_controller, minibatch_indices, pearson, peak_memory_mb,
-    plan_rl, sample_for_eval, sequence_kl, set_cpu_threads, shape_rewards, shifted_entropy, shifted_logprobs, state_memory_mb,
-    unique_prompts, weights_digest,
+    align_values, append_samples, apply_missing_eos_penalty, build_ppo_optimizer, check_context, check_frozen, check_ppo_config,
+    context_size, eval_metrics, evaluate_against_sft, frozen, frozen_digests, gold_metrics, load_rl_checkpoint, load_rl_prompts,
+    local_prompt_rows, loop_costs, make_kl_controller, micro_batches, minibatch_indices, open_rl_logger,
+    peak_memory_mb, plan_rl, publish_rl, response_metrics, save_rl_checkpoint, sequence_kl, set_cpu_threads, shape_rewards,
+    shifted_entropy, shifted_logprobs,
 )
 from rlhf.rollout import SamplingConfig, forward_in_chunks, generate_rollout, rollout_logprobs, score_rollout
-from rlhf.run import write_json_atomic
-from rlhf.tracking import MetricLogger
-from rlhf.training import build_scheduler, make_accelerator
+from rlhf.training import build_scheduler, make_accelerator, optimizer_step
 
 CURVES = ["ppo/objective/scores", "ppo/gold/score_mean", "ppo/objective/rlhf_reward", "ppo/objective/kl", "ppo/objective/entropy",
           "ppo/responses/length_mean", "ppo/responses/eos_rate", "ppo/policy/clipfrac", "ppo/policy/approxkl",
@@ -72,20 +67,15 @@ def main(argv: list[str] | None = None) -> None:
         return
     cfg, run = started
     pcfg = cfg.ppo
+    gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
     t_start = time.perf_counter()
 
     # 1. Prompts and batch-size rules, checked before any model is loaded.
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
-    train_prompts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
-    eval_prompts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[: pcfg.eval_prompts]
-    train_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, train_prompts)]
-    eval_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, eval_prompts)]
-    if cfg.data.path == "embedded":
-        check_gold_prompts("ppo", train_prompts, "data/train.jsonl")
-        check_gold_prompts("ppo", eval_prompts, "data/val.jsonl")
-    plan = plan_rl("ppo", pcfg, accelerator.num_processes, len(train_ids))
-    check_context("ppo", max(map(len, train_ids + eval_ids)), pcfg.max_new_tokens, context_size(run.model_dir("sft")))
+    prompts = load_rl_prompts("ppo", run, cfg, tokenizer, pcfg.eval_prompts)
+    plan = plan_rl("ppo", pcfg, accelerator.num_processes, len(prompts.train_ids))
+    check_context("ppo", prompts.longest, pcfg.max_new_tokens, context_size(run.model_dir("sft")))
     sampling = SamplingConfig(pcfg.max_new_tokens, pcfg.temperature, pcfg.top_p, pcfg.top_k)
     clip_high = pcfg.clip if pcfg.clip_high is None else pcfg.clip_high
     device, rank = accelerator.device, accelerator.process_index
@@ -97,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     model = PolicyAndValue(load_policy(run.model_dir("sft")), critic)
     reference = frozen(load_policy(run.model_dir("sft")), device)
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
-    frozen_before = {"reference": weights_digest(reference), "reward": weights_digest(reward_model)}
+    frozen_roles = {"reference": reference, "reward": reward_model}
+    frozen_before = frozen_digests(frozen_roles)
     optimizer = build_ppo_optimizer(model, pcfg)
     scheduler = build_scheduler(optimizer, pcfg, plan.optimizer_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -107,18 +98,11 @@ def main(argv: list[str] | None = None) -> None:
                       f"critic: {pcfg.value_model}")
 
     # 3. Resume from the last checkpoint written for this same config, if any.
-    fingerprint = run.fingerprint("ppo", cfg)
-    iteration = 0
-    state = load_training_state(run.checkpoint_dir("ppo"), accelerator.unwrap_model(model), optimizer, scheduler)
-    if state is not None and state.get("fingerprint") != fingerprint:
-        raise UserError(f"{run.checkpoint_dir('ppo')} belongs to a different config; delete it or pass --force to start over")
+    state = load_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, scheduler, plan.iterations)
+    iteration = resumed_from = 0 if state is None else state["iteration"]
     if state is not None:
-        iteration, kl_controller.value = state["iteration"], state["kl_coef"]
-        accelerator.print(f"[ppo] resumed from iteration {iteration}/{plan.iterations}")
-    resumed_from = iteration
-    logger = MetricLogger("ppo", run.stage("ppo"), run.tensorboard_dir("ppo"), cfg, enabled=accelerator.is_main_process)
-    logger.resume(iteration)
-    logger.progress(plan.iterations, initial=iteration, desc="ppo")
+        kl_controller.value = state["kl_coef"]
+    logger = open_rl_logger("ppo", run, cfg, accelerator, iteration, plan.iterations)
     loop_start = time.perf_counter()
     metrics: dict[str, float] = {}
 
@@ -126,11 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     while iteration < plan.iterations:
         # 4a. Rollouts from the current policy (KV-cached generation on left-padded prompts).
         t0 = time.perf_counter()
-        prompt_rows = iteration_prompts(len(train_ids), plan.prompts_per_iteration, iteration, cfg.run.seed)
-        local_rows = prompt_rows[rank * plan.local_prompts:(rank + 1) * plan.local_prompts]
+        local_rows = local_prompt_rows(len(prompts.train_ids), plan, iteration, cfg.run.seed, rank)
         model.eval()
         with accelerator.autocast():
-            rollout = generate_rollout(accelerator.unwrap_model(model).policy, tokenizer, [train_ids[i] for i in local_rows],
+            rollout = generate_rollout(accelerator.unwrap_model(model).policy, tokenizer, [prompts.train_ids[i] for i in local_rows],
                                        sampling, pcfg.forward_batch_size)
         mask = rollout.response_mask  # (B, T)
         t1 = time.perf_counter()
@@ -158,15 +141,11 @@ def main(argv: list[str] | None = None) -> None:
         kl_stopped = False
         for _ in range(pcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, pcfg.num_minibatches, generator):
-                minibatch = minibatch.to(device)
-                minibatch = minibatch[torch.argsort(rollout.lengths[minibatch], stable=True)]  # similar lengths share a micro-batch
-                weights = accumulation_weights(mask[minibatch], pcfg.micro_batch_size, "token")
+                micro = micro_batches(minibatch.to(device), rollout.lengths, mask, pcfg.micro_batch_size, "token")
                 step_stats: dict[str, torch.Tensor] = {}
-                for k, weight in enumerate(weights):
-                    rows = minibatch[k * pcfg.micro_batch_size:(k + 1) * pcfg.micro_batch_size]
-                    t = int(rollout.lengths[rows].max())  # columns past the longest row are padding
+                for k, (rows, t, weight) in enumerate(micro):
                     input_ids, micro_mask = rollout.input_ids[rows, :t], mask[rows, :t]  # (b, t) each
-                    with accelerator.no_sync(model) if k < len(weights) - 1 else nullcontext():
+                    with accelerator.no_sync(model) if k < len(micro) - 1 else nullcontext():
                         logits, position_values = model(input_ids, rollout.attention_mask[rows, :t])
                         new_logprobs = shifted_logprobs(logits, input_ids, pcfg.temperature)  # (b, t)
                         new_values = align_values(position_values)  # (b, t)
@@ -184,11 +163,9 @@ def main(argv: list[str] | None = None) -> None:
                                    "val/value_mean": vf_stats["value_mean"], "objective/entropy": entropy}
                     for key, value in micro_stats.items():
                         step_stats[key] = step_stats.get(key, 0.0) + weight * value.detach().float()
-                if pcfg.max_grad_norm > 0:
-                    step_stats["train/grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), pcfg.max_grad_norm).detach().float()
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, pcfg.max_grad_norm)
+                if grad_norm is not None:
+                    step_stats["train/grad_norm"] = grad_norm
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(value)
                 approxkl = accelerator.reduce(step_stats["policy/approxkl"], reduction="mean").item()
@@ -207,20 +184,15 @@ def main(argv: list[str] | None = None) -> None:
         logger.advance()
 
         # 4f. Metrics (means over processes), samples, checkpoint.
-        lengths = rollout.response_lengths.float()
         non_score = -kl_coef * seq_kl  # (B,)
         local = {
             "objective/scores": scores.mean(), "objective/kl": seq_kl.mean(), "objective/non_score_reward": non_score.mean(),
             "objective/rlhf_reward": (scores + non_score).mean(), "val/explained_variance": explained_variance(values, returns, mask),
-            "responses/length_mean": lengths.mean(), "responses/eos_rate": rollout.finished.float().mean(),
-            "responses/unfinished": (~rollout.finished).float().sum(),
-            "responses/length_score_corr": torch.tensor(pearson(lengths, scores)),
-            "time/tokens_per_s": lengths.sum() / max(t1 - t0, 1e-9),
+            **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
         }
-        if cfg.data.path == "embedded":  # the gold judge on the training samples: over-optimisation shows here first
-            gold = torch.tensor(gold_scores([train_prompts[i] for i in local_rows], rollout.texts(tokenizer)))
-            local.update({"gold/score_mean": gold.mean(), "gold/good_rate": (gold == 1.0).float().mean()})
+        if gold:  # the gold judge on the training samples: over-optimisation shows here first
+            local.update(gold_metrics([prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)))
         metrics = {f"ppo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item() for key, value in local.items()}
         metrics.update({"ppo/objective/kl_coef": kl_coef, "ppo/policy/kl_stopped": float(kl_stopped), "ppo/train/lr": scheduler.get_last_lr()[0],
                         "ppo/time/generate_s": t1 - t0, "ppo/time/score_s": t2 - t1, "ppo/time/train_s": t3 - t2,
@@ -228,52 +200,29 @@ def main(argv: list[str] | None = None) -> None:
         logger.log(iteration, metrics, postfix=("ppo/objective/scores", "ppo/objective/kl"))
         if accelerator.is_main_process and pcfg.samples_every and (iteration % pcfg.samples_every == 0 or iteration == 1):
             n = pcfg.num_samples
-            append_samples(run.stage("ppo") / "samples.jsonl", iteration, [train_prompts[i] for i in local_rows[:n]],
-                           rollout.texts(tokenizer)[:n], scores[:n].tolist(), rollout.finished[:n].tolist(), cfg.data.path == "embedded")
+            append_samples(run.stage("ppo") / "samples.jsonl", iteration, [prompts.train_texts[i] for i in local_rows[:n]],
+                           rollout.texts(tokenizer)[:n], scores[:n].tolist(), rollout.finished[:n].tolist(), gold)
         if pcfg.save_every and iteration % pcfg.save_every == 0 and iteration < plan.iterations:
-            if accelerator.is_main_process:
-                save_training_state(run.checkpoint_dir("ppo"), accelerator.unwrap_model(model), optimizer, scheduler,
-                                    {"iteration": iteration, "fingerprint": fingerprint, "kl_coef": kl_controller.value})
-            accelerator.wait_for_everyone()
-    loop_s = time.perf_counter() - loop_start
-    episodes_run = (iteration - resumed_from) * pcfg.batch_size
-    peak_mb, peak_source = peak_memory_mb(device)
+            save_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, scheduler, iteration, kl_coef=kl_controller.value)
     unwrapped = accelerator.unwrap_model(model)
-    state_mb = state_memory_mb([unwrapped, reference, reward_model], [optimizer])
-    frozen_after = {"reference": weights_digest(reference), "reward": weights_digest(reward_model)}
-    if frozen_after != frozen_before:
-        raise RuntimeError(f"ppo: a frozen role changed during training: {frozen_before} -> {frozen_after}")
+    costs = loop_costs(time.perf_counter() - loop_start, (iteration - resumed_from) * pcfg.batch_size, device,
+                       [unwrapped, reference, reward_model], [optimizer])
+    check_frozen("ppo", frozen_roles, frozen_before)
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both.
-    policy_eval = sample_for_eval(unwrapped.policy, tokenizer, eval_ids, sampling, cfg.run.seed, pcfg.forward_batch_size,
-                                  reward_model, accelerator, reference=reference)
-    sft_eval = sample_for_eval(reference, tokenizer, eval_ids, sampling, cfg.run.seed, pcfg.forward_batch_size, reward_model, accelerator)
-    results = compare_with_sft(eval_prompts, policy_eval, sft_eval, gold=cfg.data.path == "embedded")
+    results, eval_samples = evaluate_against_sft(unwrapped.policy, reference, reward_model, tokenizer, prompts, sampling, cfg.run.seed,
+                                                 pcfg.forward_batch_size, accelerator, gold)
+    trained = resumed_from < iteration
     results.update({
         "iterations": iteration, "episodes": iteration * pcfg.batch_size, "resumed_from_iteration": resumed_from,
-        "final_kl_coef": kl_controller.value, "train_score_mean": metrics["ppo/objective/scores"] if resumed_from < iteration else None,
-        "train_kl": metrics["ppo/objective/kl"] if resumed_from < iteration else None,
-        "time_per_sample_ms": 1000 * loop_s / episodes_run if episodes_run else None,
-        "peak_memory_mb": peak_mb, "peak_memory_source": peak_source, "state_memory_mb": state_mb,
-        "frozen_roles_unchanged": True, "value_model": pcfg.value_model,
+        "final_kl_coef": kl_controller.value, "train_score_mean": metrics["ppo/objective/scores"] if trained else None,
+        "train_kl": metrics["ppo/objective/kl"] if trained else None,
+        **costs, "frozen_roles_unchanged": True, "value_model": pcfg.value_model,
     })
-    logger.log(iteration, {f"ppo/eval/{k}": v for k, v in results.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None})
+    logger.log(iteration, eval_metrics("ppo", results))
 
     # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    if accelerator.is_main_process:
-        save_pretrained_atomic(unwrapped.policy, tokenizer, run.model_dir("ppo"))
-        write_jsonl(run.stage("ppo") / "eval_samples.jsonl", eval_rows(eval_prompts, policy_eval, sft_eval))
-        plot_training_curves(logger.history, CURVES, run.stage("ppo") / "curves.png", "PPO")
-        write_json_atomic(run.stage("ppo") / "results.json", results)
-        run.update_summary({"ppo": results, "timing_s": {"ppo": round(time.perf_counter() - t_start, 2)}})
-        run.mark_complete("ppo", cfg, {"iterations": iteration})
-    logger.close()
-    accelerator.wait_for_everyone()
-    line = f"[ppo] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), KL to ref {results['kl_to_ref']:.2f} nats"
-    if "gold_score_mean" in results:
-        line += (f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "
-                 f"gold win rate vs SFT {results['gold_win_rate_vs_sft']:.3f}")
-    accelerator.print(line)
+    publish_rl("ppo", run, cfg, accelerator, logger, unwrapped.policy, tokenizer, results, eval_samples, CURVES, t_start)
 
 
 if __name__ == "__main__":

@@ -101,9 +101,10 @@ class SFTConfig(TrainConfig):
 class RewardConfig(TrainConfig):
     pooling: str = "last"  # "last": score at the last real token (HF sequence classification); "mean": MLP on mean-pooled states
     margin: float = 0.0  # constant margin m in -log sigma(r_c - r_r - m)
+    label_smoothing: float = 0.0  # assumed share of flipped labels, in [0, 0.5): see rlhf.losses.bradley_terry_loss
     head_hidden: int = 256  # hidden width of the MLP head (mean pooling only)
     head_dropout: float = 0.1  # dropout in the MLP head (mean pooling only)
-    normalize: bool = True  # store an offset so reference (train chosen) responses score mean 0 (Huang et al. 2024)
+    normalize: bool = True  # fold an offset into the head so reference responses (SFT demonstrations: val chosen) score mean 0 (Huang et al. 2024)
     error_examples: int = 5  # misclassified examples saved per error category
 
 

@@ -28,18 +28,22 @@ def sft_loss(token_logprobs: Tensor, response_mask: Tensor) -> tuple[Tensor, Sta
 
 
 def bradley_terry_loss(
-    chosen_rewards: Tensor, rejected_rewards: Tensor, margin: Tensor | float | None = None
+    chosen_rewards: Tensor, rejected_rewards: Tensor, margin: Tensor | float | None = None, label_smoothing: float = 0.0
 ) -> tuple[Tensor, Stats]:
-    """Pairwise reward-model loss −log σ(r_c − r_r − m), mean over pairs.
+    """Pairwise reward-model loss −log σ(z), z = r_c − r_r − m, mean over pairs.
 
     Bradley & Terry 1952; Ouyang et al. 2022 eq. 1; the margin m is Llama-2's
     (Touvron et al. 2023 eq. 2), larger for more clearly separated pairs. m = 0 when None.
+    With label_smoothing ε, each label is taken to be flipped with probability ε:
+    −(1 − ε) log σ(z) − ε log σ(−z), the noisy-label likelihood of conservative DPO (Mitchell 2023)
+    applied to the reward model; its optimum is σ(z) = 1 − ε rather than z → ∞.
     chosen_rewards, rejected_rewards: (B,); margin: (B,) or a float.
     stats: accuracy (fraction with r_c > r_r), margin_mean (mean r_c − r_r), chosen_mean, rejected_mean.
     """
     chosen_rewards, rejected_rewards = upcast(chosen_rewards), upcast(rejected_rewards)
     reward_gap = chosen_rewards - rejected_rewards  # (B,)
-    loss = -F.logsigmoid(reward_gap - (0.0 if margin is None else margin)).mean()
+    z = reward_gap - (0.0 if margin is None else margin)  # (B,)
+    loss = (-(1.0 - label_smoothing) * F.logsigmoid(z) - label_smoothing * F.logsigmoid(-z)).mean()
     stats = {
         "accuracy": (reward_gap > 0).float().mean(),
         "margin_mean": reward_gap.mean(),

@@ -1,5 +1,6 @@
-"""What the online RL stages (PPO, GRPO) share: batch-size rules, prompt order, reward shaping,
-KL controllers, minibatching, response statistics and the final comparison with SFT.
+"""What the online RL stages (PPO, GRPO) share: prompts, batch-size rules, prompt order, checkpoints,
+reward shaping, KL controllers, minibatching, response statistics, the final comparison with SFT
+and the published outputs.
 
 The math is pure (tensors in, tensors out) and tested in tests/test_rl.py; losses and advantage
 estimators live in rlhf.losses and rlhf.ops. Shapes: B rollouts, T = P + R tokens (see
@@ -40,17 +41,24 @@ from __future__ import annotations
 import hashlib
 import math
 import resource
+import time
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from rlhf import task
-from rlhf.config import GRPOConfig, PPOConfig, RLConfig
+from rlhf.batching import encode_texts
+from rlhf.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
+from rlhf.config import Config, GRPOConfig, PPOConfig, RLConfig
+from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.losses import GRPO_NORMALIZERS
 from rlhf.ops import entropy_from_logits, gather_logprobs, kl_k1, last_true_index, masked_sum, upcast
+from rlhf.plots import plot_training_curves
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
+from rlhf.run import RunDir, write_json_atomic
+from rlhf.tracking import MetricLogger
 from rlhf.training import forward_map
 from rlhf.winrates import win_rate_summary
 
@@ -151,6 +159,35 @@ def check_gold_prompts(stage: str, prompts: list[str], source: str) -> None:
                             f"another version of rlhf/task.py: re-run the data stage with --force") from None
 
 
+@dataclass(frozen=True)
+class RLPrompts:
+    """An RL stage's prompts, as text and as the token ids the policy is given."""
+
+    train_texts: list[str]  # distinct prompts of data/train.jsonl, in first-seen order
+    eval_texts: list[str]  # the first `eval_prompts` distinct prompts of data/val.jsonl
+    train_ids: list[list[int]]  # token ids of each, cut to their last data.max_prompt_tokens
+    eval_ids: list[list[int]]
+
+    @property
+    def longest(self) -> int:
+        """Tokens in the longest prompt, training or held out."""
+        return max(map(len, self.train_ids + self.eval_ids))
+
+
+def load_rl_prompts(stage: str, run: RunDir, cfg: Config, tokenizer, n_eval: int) -> RLPrompts:
+    """The data stage's training prompts and first `n_eval` validation prompts, tokenized and cut
+    from the left to data.max_prompt_tokens (the end of a prompt is where the response starts).
+    On the embedded task every one must parse for the gold judge."""
+    train_texts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
+    eval_texts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[:n_eval]
+    train_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, train_texts)]
+    eval_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, eval_texts)]
+    if cfg.data.path == "embedded":
+        check_gold_prompts(stage, train_texts, "data/train.jsonl")
+        check_gold_prompts(stage, eval_texts, "data/val.jsonl")
+    return RLPrompts(train_texts, eval_texts, train_ids, eval_ids)
+
+
 def set_cpu_threads(stage: str, threads: int, device: torch.device) -> None:
     """Intra-op threads on CPU. Small ops (generation steps, a few-million-parameter model) are
     latency-bound: when other jobs share the cores, threads spin waiting for each other and one
@@ -176,6 +213,48 @@ def iteration_prompts(n_prompts: int, per_iteration: int, iteration: int, seed: 
     epoch, position = divmod(iteration, per_epoch)
     order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
     return order[position * per_iteration:(position + 1) * per_iteration].tolist()
+
+
+def local_prompt_rows(n_prompts: int, plan: RLPlan, iteration: int, seed: int, rank: int, group_size: int = 1) -> list[int]:
+    """This process's prompt indices for one iteration: its slice of `iteration_prompts`, each
+    repeated group_size times, so consecutive rows form a group."""
+    rows = iteration_prompts(n_prompts, plan.prompts_per_iteration, iteration, seed)
+    return [i for i in rows[rank * plan.local_prompts:(rank + 1) * plan.local_prompts] for _ in range(group_size)]
+
+
+# ----------------------------------------------------------------------------- checkpoints and logging
+
+
+def load_rl_checkpoint(stage: str, run: RunDir, cfg: Config, accelerator, model: torch.nn.Module, optimizer, scheduler,
+                       iterations: int) -> dict | None:
+    """Restore the stage's last checkpoint (`save_rl_checkpoint`) into the unwrapped model, the
+    optimizer, the scheduler and the RNG; -> its state ({"iteration": ..., ...}), or None when
+    there is none. One written for another config is an error, not a silent restart."""
+    state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
+    if state is not None and state.get("fingerprint") != run.fingerprint(stage, cfg):
+        raise UserError(f"{run.checkpoint_dir(stage)} belongs to a different config; delete it or pass --force to start over")
+    if state is not None:
+        accelerator.print(f"[{stage}] resumed from iteration {state['iteration']}/{iterations}")
+    return state
+
+
+def save_rl_checkpoint(stage: str, run: RunDir, cfg: Config, accelerator, model: torch.nn.Module, optimizer, scheduler,
+                       iteration: int, **extra) -> None:
+    """Write the resumable checkpoint after `iteration` (plus the stage's `extra` state) from the
+    main process, tagged with the config fingerprint; every process waits until it is written."""
+    if accelerator.is_main_process:
+        save_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler,
+                            {"iteration": iteration, "fingerprint": run.fingerprint(stage, cfg), **extra})
+    accelerator.wait_for_everyone()
+
+
+def open_rl_logger(stage: str, run: RunDir, cfg: Config, accelerator, iteration: int, iterations: int) -> MetricLogger:
+    """The stage's metric logger (active on the main process), continuing after `iteration` (rows
+    an earlier attempt logged after it are dropped), with a progress bar over all `iterations`."""
+    logger = MetricLogger(stage, run.stage(stage), run.tensorboard_dir(stage), cfg, enabled=accelerator.is_main_process)
+    logger.resume(iteration)
+    logger.progress(iterations, initial=iteration, desc=stage)
+    return logger
 
 
 # ----------------------------------------------------------------------------- rewards
@@ -286,6 +365,21 @@ def accumulation_weights(response_mask: Tensor, micro_batch_size: int, normaliza
     return [size / total if total else 1.0 / len(sizes) for size in sizes]
 
 
+def micro_batches(minibatch: Tensor, lengths: Tensor, response_mask: Tensor, micro_batch_size: int,
+                  normalization: str) -> list[tuple[Tensor, int, float]]:
+    """Split one minibatch of rollout rows into micro-batches for gradient accumulation.
+
+    minibatch: (n,) row indices; lengths: (B,) tokens per row; response_mask: (B, T) bool.
+    Rows are sorted by length (stably), so similar lengths share a micro-batch. -> one
+    (rows, t, weight) per micro-batch: its row indices, the columns it needs (past its longest
+    row, all is padding) and its `accumulation_weights` weight.
+    """
+    minibatch = minibatch[torch.argsort(lengths[minibatch], stable=True)]
+    weights = accumulation_weights(response_mask[minibatch], micro_batch_size, normalization)
+    chunks = [minibatch[k * micro_batch_size:(k + 1) * micro_batch_size] for k in range(len(weights))]
+    return [(rows, int(lengths[rows].max()), weight) for rows, weight in zip(chunks, weights)]
+
+
 def build_ppo_optimizer(model: torch.nn.Module, pcfg: PPOConfig) -> torch.optim.Optimizer:
     """AdamW over a PolicyAndValue module: weight decay on matrices only; the critic's own
     parameters (the separate value model, or the shared value head) at `value_lr` when set."""
@@ -308,6 +402,24 @@ def pearson(x: Tensor, y: Tensor) -> float:
     x, y = x - x.mean(), y - y.mean()
     denominator = (x.square().sum() * y.square().sum()).sqrt()
     return float((x * y).sum() / denominator) if denominator > 0 else 0.0
+
+
+def response_metrics(response_lengths: Tensor, finished: Tensor, scores: Tensor, generate_s: float) -> dict[str, Tensor]:
+    """The responses/* metrics of a batch and time/tokens_per_s (glossary above).
+
+    response_lengths: (B,) tokens, EOS included; finished: (B,) bool; scores: (B,); generate_s:
+    wall seconds the batch took to generate.
+    """
+    lengths = response_lengths.float()
+    return {"responses/length_mean": lengths.mean(), "responses/eos_rate": finished.float().mean(),
+            "responses/unfinished": (~finished).float().sum(), "responses/length_score_corr": torch.tensor(pearson(lengths, scores)),
+            "time/tokens_per_s": lengths.sum() / max(generate_s, 1e-9)}
+
+
+def gold_metrics(prompts: list[str], responses: list[str]) -> dict[str, Tensor]:
+    """The gold/* metrics of a batch on the embedded task: mean gold score and the share scoring 1."""
+    gold = torch.tensor(gold_scores(prompts, responses))
+    return {"gold/score_mean": gold.mean(), "gold/good_rate": (gold == 1.0).float().mean()}
 
 
 def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor) -> Tensor:
@@ -342,6 +454,15 @@ def state_memory_mb(modules: list[torch.nn.Module], optimizers: list[torch.optim
     return total / 2**20
 
 
+def loop_costs(loop_s: float, episodes: int, device: torch.device, modules: list[torch.nn.Module],
+               optimizers: list[torch.optim.Optimizer]) -> dict:
+    """What the training loop cost, for the summary: wall ms per episode it trained (None when it
+    trained none, e.g. resumed at its end), peak memory and what measured it, and `state_memory_mb`."""
+    peak_mb, peak_source = peak_memory_mb(device)
+    return {"time_per_sample_ms": 1000 * loop_s / episodes if episodes else None, "peak_memory_mb": peak_mb,
+            "peak_memory_source": peak_source, "state_memory_mb": state_memory_mb(modules, optimizers)}
+
+
 def weights_digest(model: torch.nn.Module) -> str:
     """sha256 of every parameter and buffer, to prove a frozen role was not changed."""
     digest = hashlib.sha256()
@@ -349,6 +470,18 @@ def weights_digest(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]
+
+
+def frozen_digests(roles: dict[str, torch.nn.Module | None]) -> dict[str, str]:
+    """`weights_digest` of each frozen role by name; a role that is None (not loaded) is left out."""
+    return {name: weights_digest(model) for name, model in roles.items() if model is not None}
+
+
+def check_frozen(stage: str, roles: dict[str, torch.nn.Module | None], before: dict[str, str]) -> None:
+    """Fail when a frozen role's weights no longer match the `frozen_digests` taken before training."""
+    after = frozen_digests(roles)
+    if after != before:
+        raise RuntimeError(f"{stage}: a frozen role changed during training: {before} -> {after}")
 
 
 @torch.no_grad()
@@ -438,3 +571,53 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) ->
         results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
         policy["gold"], sft["gold"] = policy_gold, sft_gold
     return results
+
+
+def evaluate_against_sft(policy, sft_policy, reward_model, tokenizer, prompts: RLPrompts, sampling: SamplingConfig, seed: int,
+                         batch_size: int, accelerator, gold: bool) -> tuple[dict, list[dict]]:
+    """The final policy against the SFT policy on the held-out prompts, with the same sampling
+    settings and seed for both; the policy's KL is measured to the SFT policy.
+    -> (the `compare_with_sft` summary, per-prompt `eval_rows` for eval_samples.jsonl)."""
+    policy_eval = sample_for_eval(policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator,
+                                  reference=sft_policy)
+    sft_eval = sample_for_eval(sft_policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator)
+    results = compare_with_sft(prompts.eval_texts, policy_eval, sft_eval, gold=gold)
+    return results, eval_rows(prompts.eval_texts, policy_eval, sft_eval)
+
+
+def eval_metrics(stage: str, results: dict) -> dict[str, float]:
+    """The numbers of a results dict as `<stage>/eval/<key>` metrics (flags, None, lists and strings left out)."""
+    return {f"{stage}/eval/{key}": value for key, value in results.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)}
+
+
+def final_line(stage: str, results: dict) -> str:
+    """The stage's last console line: reward-model score and KL of the final policy against SFT,
+    and on the embedded task the gold scores and gold win rate."""
+    line = (f"[{stage}] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), "
+            f"KL to ref {results['kl_to_ref']:.2f} nats")
+    if "gold_score_mean" in results:
+        line += (f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "
+                 f"gold win rate vs SFT {results['gold_win_rate_vs_sft']:.3f}")
+    return line
+
+
+# ----------------------------------------------------------------------------- publishing
+
+
+def publish_rl(stage: str, run: RunDir, cfg: Config, accelerator, logger: MetricLogger, policy: torch.nn.Module, tokenizer,
+               results: dict, eval_samples: list[dict], curves: list[str], t_start: float) -> None:
+    """The end of an RL stage. The main process writes `<stage>/model/` (the unwrapped policy in
+    Hugging Face format), eval_samples.jsonl, curves.png (the `curves` keys), results.json and the
+    stage's entries in summary.json (timing since `t_start`), then marks the stage complete, which
+    removes its checkpoint. Every process then closes the logger, waits, and prints `final_line`."""
+    if accelerator.is_main_process:
+        save_pretrained_atomic(policy, tokenizer, run.model_dir(stage))
+        write_jsonl(run.stage(stage) / "eval_samples.jsonl", eval_samples)
+        plot_training_curves(logger.history, curves, run.stage(stage) / "curves.png", stage.upper())
+        write_json_atomic(run.stage(stage) / "results.json", results)
+        run.update_summary({stage: results, "timing_s": {stage: round(time.perf_counter() - t_start, 2)}})
+        run.mark_complete(stage, cfg, {"iterations": results["iterations"]})
+    logger.close()
+    accelerator.wait_for_everyone()
+    accelerator.print(final_line(stage, results))

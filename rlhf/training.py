@@ -103,6 +103,20 @@ def build_scheduler(optimizer: torch.optim.Optimizer, tcfg: TrainConfig, total_s
         raise UserError(f"unknown scheduler '{tcfg.scheduler}'; use cosine, linear, constant or constant_with_warmup") from None
 
 
+def optimizer_step(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                   max_grad_norm: float) -> torch.Tensor | None:
+    """One step on the accumulated gradients: clip them to `max_grad_norm` (when > 0), step the
+    optimizer and the scheduler, clear the gradients. -> the gradient norm before clipping (None
+    without clipping)."""
+    grad_norm = None
+    if max_grad_norm > 0:
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).detach().float()
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
 def fit(
     *,
     stage: str,
@@ -165,11 +179,9 @@ def fit(
             totals["loss"] += loss.detach() / plan.accumulation
             for key, value in stats.items():
                 totals[key] += value.detach().float() / plan.accumulation
-        if tcfg.max_grad_norm > 0:
-            totals["grad_norm"] = accelerator.clip_grad_norm_(model.parameters(), tcfg.max_grad_norm).detach().float()
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
+        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, tcfg.max_grad_norm)
+        if grad_norm is not None:
+            totals["grad_norm"] = grad_norm
         step += 1
         logger.advance()
         for key, value in totals.items():

@@ -77,6 +77,16 @@ def test_bradley_terry_batch_stats_by_hand():
     assert (chosen.grad < 0).all()  # raising the chosen reward lowers the loss
 
 
+def test_bradley_terry_label_smoothing_by_hand():
+    # z = 2, eps = 0.1: 0.9 * log(1 + e^-2) + 0.1 * log(1 + e^2) = 0.9 * 0.1269 + 0.1 * 2.1269 = 0.3269
+    loss, _ = bradley_terry_loss(f64([2.0]), f64([0.0]), label_smoothing=0.1)
+    close(loss, 0.9 * math.log(1 + math.exp(-2)) + 0.1 * math.log(1 + math.exp(2)))
+    # The smoothed loss is minimised where sigma(z) = 1 - eps, i.e. z = log(9), not at z -> infinity.
+    gap = f64([math.log(9.0)]).requires_grad_()
+    bradley_terry_loss(gap, f64([0.0]), label_smoothing=0.1)[0].backward()
+    close(gap.grad, [0.0])
+
+
 def test_bradley_terry_margin():
     # r_c − r_r − m = 2 − 0 − 1 = 1 -> log(1 + e⁻¹) = 0.3133
     loss, _ = bradley_terry_loss(f64([2.0]), f64([0.0]), margin=1.0)

@@ -2,21 +2,26 @@
 hand in each test; GAE, whitening, the PPO/GRPO losses and the KL estimators are tested in
 test_ops.py and test_losses.py."""
 
+import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from rlhf import task
-from rlhf.config import GRPOConfig, PPOConfig, RLConfig
+from rlhf.config import GRPOConfig, PPOConfig, RLConfig, load_config, preset_path
 from rlhf.errors import UserError
 from rlhf.models import PolicyAndValue, disable_dropout, reward_scores, token_logprobs, value_model_from_reward
 from rlhf.rl import (
-    AdaptiveKLController, FixedKLController, accumulation_weights, align_values, apply_missing_eos_penalty, check_context,
-    check_gold_prompts, check_grpo_config, check_ppo_config, compare_with_sft, head_to_head, iteration_prompts, make_kl_controller,
-    minibatch_indices, pearson, plan_rl, sequence_kl, shape_rewards, shifted_entropy, shifted_logprobs, weights_digest,
+    AdaptiveKLController, FixedKLController, RLPlan, accumulation_weights, align_values, apply_missing_eos_penalty, check_context,
+    check_frozen, check_gold_prompts, check_grpo_config, check_ppo_config, compare_with_sft, eval_metrics, final_line,
+    frozen_digests, gold_metrics, head_to_head, iteration_prompts, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
+    loop_costs, make_kl_controller, micro_batches, minibatch_indices, pearson, plan_rl, response_metrics,
+    save_rl_checkpoint, sequence_kl, shape_rewards, shifted_entropy, shifted_logprobs, weights_digest,
 )
+from rlhf.run import RunDir
 
 
 def close(actual, expected, tol=1e-6):
@@ -135,6 +140,61 @@ def test_iteration_prompts_walk_a_seeded_permutation():
     assert iteration_prompts(10, 3, 0, seed=8) != first_epoch[0]
 
 
+def test_local_prompt_rows_shard_the_iteration_and_repeat_each_prompt_per_group():
+    plan = RLPlan(iterations=5, prompts_per_iteration=4, local_prompts=2, local_batch=6, minibatch_size=6, accumulation=1,
+                  optimizer_steps=5)
+    a, b, c, d = iteration_prompts(10, 4, 1, seed=3)
+    assert local_prompt_rows(10, plan, 1, 3, rank=0) == [a, b]
+    assert local_prompt_rows(10, plan, 1, 3, rank=1, group_size=3) == [c, c, c, d, d, d]  # a group is consecutive rows
+
+
+def test_load_rl_prompts_dedupes_cuts_from_the_left_and_checks_gold_prompts(tmp_path):
+    cfg = load_config(preset_path("tiny"), ["data.max_prompt_tokens=3"])
+    run = RunDir(tmp_path)
+    (tmp_path / "data").mkdir()
+    p1, p2, p3 = ("\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: What is 2 plus 2?\n\nAssistant:",
+                  "\n\nHuman: What is 5 plus 1?\n\nAssistant:")
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (p1, p2, p1)))
+    (tmp_path / "data" / "val.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (p3, p2)))
+
+    def tokenizer(texts, add_special_tokens):  # one id per character
+        return {"input_ids": [[ord(ch) for ch in text] for text in texts]}
+
+    prompts = load_rl_prompts("ppo", run, cfg, tokenizer, n_eval=1)
+    assert prompts.train_texts == [p1, p2] and prompts.eval_texts == [p3]
+    assert prompts.train_ids == [[ord(ch) for ch in "nt:"]] * 2 and prompts.eval_ids == [[ord(ch) for ch in "nt:"]]
+    assert prompts.longest == 3
+    (tmp_path / "data" / "val.jsonl").write_text(json.dumps({"prompt": "\n\nHuman: Hi.\n\nAssistant:"}) + "\n")
+    with pytest.raises(UserError, match="ppo: data/val.jsonl holds a prompt the gold judge cannot parse"):
+        load_rl_prompts("ppo", run, cfg, tokenizer, n_eval=1)
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def fake_accelerator(printed: list[str]):
+    return SimpleNamespace(is_main_process=True, unwrap_model=lambda model: model, wait_for_everyone=lambda: None,
+                           print=printed.append, clip_grad_norm_=torch.nn.utils.clip_grad_norm_)
+
+
+def test_rl_checkpoint_round_trip_and_a_different_config_is_an_error(tmp_path):
+    cfg, run, printed = load_config(preset_path("tiny")), RunDir(tmp_path), []
+    accelerator = fake_accelerator(printed)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert load_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, None, 8) is None  # a fresh start
+    save_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, None, 3, kl_coef=0.07)
+    saved = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    state = load_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, None, 8)
+    assert (state["iteration"], state["kl_coef"]) == (3, 0.07) and torch.equal(model.weight, saved)
+    assert printed == ["[ppo] resumed from iteration 3/8"]
+    other = load_config(preset_path("tiny"), ["ppo.lr=0.5"])
+    with pytest.raises(UserError, match="belongs to a different config; delete it or pass --force"):
+        load_rl_checkpoint("ppo", run, other, accelerator, model, optimizer, None, 8)
+
+
 # ---------------------------------------------------------------- minibatching
 
 
@@ -156,6 +216,20 @@ def test_accumulation_weights_by_hand():
     close(sum(w * m for w, m in zip(accumulation_weights(mask, 2, "token"), micro_means)), values[mask].mean())
     with pytest.raises(ValueError, match="normalization"):
         accumulation_weights(mask, 2, "dr_grpo")
+
+
+def test_micro_batches_sort_by_length_and_carry_their_weights():
+    lengths = torch.tensor([5, 2, 7, 3, 9])
+    response_mask = torch.zeros(5, 9, dtype=torch.bool)
+    for row, (start, end) in enumerate([(3, 5), (1, 2), (3, 7), (2, 3), (1, 9)]):  # 2, 1, 4, 1 and 8 response tokens
+        response_mask[row, start:end] = True
+    micro = micro_batches(torch.tensor([2, 0, 3, 1]), lengths, response_mask, 2, "token")
+    # by length: rows 1 (2), 3 (3), 0 (5), 2 (7); micro-batches [1, 3] and [0, 2] need 3 and 7 columns
+    assert [(rows.tolist(), t) for rows, t, _ in micro] == [([1, 3], 3), ([0, 2], 7)]
+    close([w for _, _, w in micro], [2 / 8, 6 / 8])  # tokens 1 + 1 and 2 + 4 of 8
+    close([w for _, _, w in micro_batches(torch.tensor([2, 0, 3, 1]), lengths, response_mask, 2, "sequence")], [0.5, 0.5])
+    tied = micro_batches(torch.tensor([4, 2, 0]), torch.tensor([5, 0, 5, 0, 5]), response_mask, 3, "sequence")
+    assert tied[0][0].tolist() == [4, 2, 0]  # equal lengths keep their order
 
 
 # ---------------------------------------------------------------- training passes
@@ -260,3 +334,45 @@ def test_ppo_optimizer_gives_the_critic_its_own_learning_rate(separate):
     assert all(decay_of[id(p)] == (0.1 if p.ndim >= 2 else 0.0) for p in model.parameters())
     same = build_ppo_optimizer(model, PPOConfig(lr=1e-5))  # value_lr None: one learning rate
     assert {group["lr"] for group in same.param_groups} == {1e-5}
+
+
+def test_response_and_gold_metrics_by_hand():
+    metrics = response_metrics(torch.tensor([2, 4]), torch.tensor([True, False]), torch.tensor([1.0, 3.0]), generate_s=2.0)
+    assert list(metrics) == ["responses/length_mean", "responses/eos_rate", "responses/unfinished", "responses/length_score_corr",
+                             "time/tokens_per_s"]
+    close([metrics[key] for key in metrics], [3.0, 0.5, 1.0, 1.0, 6 / 2])  # 6 tokens in 2 s; length and score rise together
+    prompt = "\n\nHuman: What is 3 plus 4?\n\nAssistant:"
+    gold = gold_metrics([prompt, prompt, prompt], [" 3 plus 4 is 7.", " 3 plus 4 is 9.", " 3 plus 4 is 7."])
+    close([gold["gold/score_mean"], gold["gold/good_rate"]], [2 / 3, 2 / 3])  # scores 1, 0, 1
+
+
+def test_loop_costs_by_hand():
+    model = torch.nn.Linear(4, 4, bias=False)  # 16 float32 weights: 64 bytes
+    costs = loop_costs(2.0, 4, torch.device("cpu"), [model], [])
+    close(costs["time_per_sample_ms"], 500.0)
+    close(costs["state_memory_mb"], 64 / 2**20)
+    assert costs["peak_memory_source"] == "cpu_max_rss" and costs["peak_memory_mb"] > 0
+    assert loop_costs(2.0, 0, torch.device("cpu"), [model], [])["time_per_sample_ms"] is None  # resumed at the end: none trained
+
+
+def test_frozen_digests_skip_roles_not_loaded_and_a_changed_role_fails():
+    reward = torch.nn.Linear(2, 1)
+    roles = {"reward": reward, "reference": None}
+    before = frozen_digests(roles)
+    assert before == {"reward": weights_digest(reward)}
+    check_frozen("grpo", roles, before)
+    with torch.no_grad():
+        reward.bias.add_(1.0)
+    with pytest.raises(RuntimeError, match="grpo: a frozen role changed during training"):
+        check_frozen("grpo", roles, before)
+
+
+def test_eval_metrics_and_final_line_by_hand():
+    results = {"reward_mean": 0.25, "sft_reward_mean": -0.5, "kl_to_ref": 1.234, "eval_prompts": 8, "frozen_roles_unchanged": True,
+               "time_per_sample_ms": None, "gold_win_rate_ci95": [0.4, 0.6], "value_model": "separate"}
+    assert eval_metrics("ppo", results) == {"ppo/eval/reward_mean": 0.25, "ppo/eval/sft_reward_mean": -0.5,
+                                            "ppo/eval/kl_to_ref": 1.234, "ppo/eval/eval_prompts": 8}
+    assert final_line("ppo", results) == "[ppo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats"
+    results.update(gold_score_mean=0.5, sft_gold_score_mean=0.375, gold_win_rate_vs_sft=0.75)
+    assert final_line("grpo", results) == ("[grpo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats; gold 0.500 (SFT 0.375), "
+                                           "gold win rate vs SFT 0.750")

@@ -1,11 +1,14 @@
 """Derived sizes and data order of the shared training loop, and reward diagnostics."""
 
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from rlhf.config import TrainConfig
 from rlhf.errors import UserError
 from rlhf.reward_analysis import error_categories, pearson
-from rlhf.training import epoch_order, forward_map, plan_steps
+from rlhf.training import epoch_order, forward_map, optimizer_step, plan_steps
 
 
 def test_plan_steps_derives_accumulation_and_total():
@@ -77,3 +80,18 @@ def test_error_categories_by_hand():
     assert error_categories(2, 10, -0.1, 1.0) == ["longer_rejected_preferred", "small_margin", "very_short"]
     assert error_categories(10, 5, -1.5, 1.0) == ["confident_wrong"]
     assert error_categories(10, 5, -0.5, 1.0) == []
+
+
+def test_optimizer_step_clips_steps_and_clears_the_gradients():
+    accelerator = SimpleNamespace(clip_grad_norm_=torch.nn.utils.clip_grad_norm_)
+    for max_grad_norm, expected_step in [(1.0, [0.6, 0.8]), (0.0, [3.0, 4.0])]:
+        model = torch.nn.Linear(2, 1, bias=False)
+        with torch.no_grad():
+            model.weight.copy_(torch.tensor([[1.0, 1.0]]))
+        model.weight.grad = torch.tensor([[3.0, 4.0]])  # norm 5: clipped to norm 1 it is (0.6, 0.8)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm)
+        assert model.weight.detach()[0].tolist() == pytest.approx([1.0 - expected_step[0], 1.0 - expected_step[1]])
+        assert model.weight.grad is None and scheduler.last_epoch == 1
+        assert grad_norm is None if max_grad_norm == 0 else grad_norm.item() == pytest.approx(5.0)  # before clipping
