@@ -80,9 +80,11 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
     shutil.copytree(tiny_run, run)
     skipped = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES)
     assert "already complete" in skipped.stdout
-    # A re-run whose upstream stage does not match fails in one line and keeps the finished stage.
+    # Re-runs whose upstream stage does not match, or whose config is invalid, fail in one line and keep the finished stage.
     mismatched = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "sft.lr=0.5", "reward.lr=0.5", check=False)
     assert mismatched.returncode == 2 and "stage 'sft' was run with a different config" in mismatched.stderr
+    invalid = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.label_smoothing=0.7", check=False)
+    assert invalid.returncode == 2 and "reward.label_smoothing must be in [0, 0.5)" in invalid.stderr
     assert "already complete" in run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES).stdout
     changed = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.max_steps=3")
     assert "already complete" not in changed.stdout
