@@ -44,18 +44,18 @@ def start_stage(stage: str, argv: list[str] | None = None, requires: tuple[str, 
                 check: Callable[[Config], None] | None = None) -> tuple[Config, RunDir] | None:
     """Parse the command line; None (after saying so) when the stage already completed for this config.
 
-    The input stages in `requires` must be complete for this config, and `check` (config-only
-    rules) must pass, before the stage's own completion marker is cleared: a mistyped re-run fails
+    `check` (config-only rules) must pass, and then the input stages in `requires` must be complete
+    for this config, before the stage's own completion marker is cleared: a mistyped re-run fails
     in one line and leaves the finished stage as it was.
     """
     cfg, run, force = parse_stage_args(stage, argv)
     if run.is_complete(stage, cfg) and not force:
         print(f"[{stage}] already complete for this config in {run.stage(stage)}; skipping (--force re-runs it)")
         return None
-    for upstream in requires:
-        run.require(upstream, cfg)
     if check is not None:
         check(cfg)
+    for upstream in requires:
+        run.require(upstream, cfg)
     run.clear_complete(stage)
     if force:
         shutil.rmtree(run.checkpoint_dir(stage), ignore_errors=True)
