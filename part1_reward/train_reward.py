@@ -23,7 +23,7 @@ from rlhf.errors import UserError
 from rlhf.losses import bradley_terry_loss
 from rlhf.models import REWARD_CONFIG_FILE, build_reward_model, fold_reward_offset, load_tokenizer, reward_scores
 from rlhf.plots import plot_reward_distributions, plot_training_curves
-from rlhf.reward_analysis import error_analysis, pearson
+from rlhf.reward_analysis import accuracy_by_group, error_analysis, pearson
 from rlhf.run import write_json_atomic
 from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator
@@ -93,12 +93,15 @@ def main(argv: list[str] | None = None) -> None:
     # 4. Held-out accuracy against the labels (and, on the embedded task, against gold).
     results: dict = {"steps": loop["steps"], "offset": offset}
     analysis: dict = {}
+    by_family: dict[str, dict[str, float]] = {}  # embedded task: agreement with gold per prompt family
     for split, scores in held_out.items():
         correct = [c > r for c, r in scores]
         results[f"{split}_accuracy"] = sum(correct) / len(correct)
         if "gold_chosen" in rows[split][0]:
             gold_better_is_chosen = [row["gold_chosen"] > row["gold_rejected"] for row in rows[split]]
-            results[f"{split}_gold_accuracy"] = sum(ok == g for ok, g in zip(correct, gold_better_is_chosen)) / len(correct)
+            agrees_with_gold = [ok == g for ok, g in zip(correct, gold_better_is_chosen)]
+            results[f"{split}_gold_accuracy"] = sum(agrees_with_gold) / len(correct)
+            by_family[split] = accuracy_by_group([row["family"] for row in rows[split]], agrees_with_gold)
         lengths = [len(p.chosen_ids) for p in pairs[split]] + [len(p.rejected_ids) for p in pairs[split]]
         rewards = [c for c, _ in scores] + [r for _, r in scores]
         results[f"{split}_length_reward_correlation"] = pearson(lengths, rewards)
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
                                               "reward/train/margin_mean", "reward/train/lr"], run.stage("reward") / "curves.png",
                              "Reward model")
         results["error_counts"] = {split: a["counts"] for split, a in analysis.items()}
+        if by_family:
+            results["gold_accuracy_by_family"] = by_family
         run.update_summary({"reward_model": results, "timing_s": {"reward": round(time.perf_counter() - t_start, 2)}})
         run.mark_complete("reward", cfg, {"steps": loop["steps"]})
     logger.close()

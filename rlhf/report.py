@@ -428,6 +428,12 @@ def section_reward_model(data: RunData) -> str:
                                  "the noisy labels." if has_gold else "")
               + " A length–reward correlation far from 0 means the model rewards length itself.", "",
               markdown_table(headers, rows) if rows else note("No held-out accuracy was recorded.")]
+    by_family = rm.get("gold_accuracy_by_family")
+    if isinstance(by_family, dict) and by_family:
+        families = sorted({f for accuracies in by_family.values() if isinstance(accuracies, dict) for f in accuracies})
+        rows = [[split] + [fmt((accuracies or {}).get(f)) for f in families] for split, accuracies in by_family.items()]
+        lines += ["", "Agreement with gold by prompt family shows what the reward model has and has not learned:", "",
+                  markdown_table(["split"] + families, rows)]
     if is_number(rm.get("offset")):
         lines += ["", f"Normalisation offset subtracted from every reward: {fmt(rm['offset'])} (reference responses score 0 on "
                   "average; Huang et al. 2024)."]

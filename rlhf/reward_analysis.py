@@ -26,6 +26,16 @@ def pearson(xs: list[float], ys: list[float]) -> float:
     return cov / math.sqrt(var_x * var_y) if var_x > 0 and var_y > 0 else 0.0
 
 
+def accuracy_by_group(groups: list[str], correct: list[bool]) -> dict[str, float]:
+    """Share of `correct` within each group (e.g. the embedded task's prompt families), sorted by name."""
+    totals: dict[str, list[int]] = {}
+    for group, ok in zip(groups, correct):
+        hits_and_count = totals.setdefault(group, [0, 0])
+        hits_and_count[0] += bool(ok)
+        hits_and_count[1] += 1
+    return {group: hits / count for group, (hits, count) in sorted(totals.items())}
+
+
 def error_categories(chosen_tokens: int, rejected_tokens: int, margin: float, margin_std: float) -> list[str]:
     """Categories of one misclassified pair (margin = r_chosen - r_rejected <= 0). Token counts exclude EOS."""
     found = []

@@ -37,6 +37,9 @@ def test_summary_has_the_documented_part1_keys(tiny_run):
     for name in ("lengths.png",):
         assert (tiny_run / "data" / name).stat().st_size > 1000
     assert (tiny_run / "reward" / "rewards_test.png").is_file() and (tiny_run / "reward" / "error_analysis.json").is_file()
+    by_family = summary["reward_model"]["gold_accuracy_by_family"]
+    assert set(by_family) == {"val", "test"} and set(by_family["test"]) == {"fact", "arith", "context", "harmful", "risky_benign", "multiturn"}
+    assert all(0.0 <= acc <= 1.0 for split in by_family.values() for acc in split.values())
 
 
 def test_sft_learned_and_reward_model_beats_chance(tiny_run):

@@ -192,7 +192,8 @@ def fixture_summary() -> dict:
         "reward_model": {"steps": 140, "offset": 0.25, "val_accuracy": 0.7812, "test_accuracy": 0.7654, "val_gold_accuracy": 0.8,
                          "test_gold_accuracy": 0.8123, "val_length_reward_correlation": 0.15, "test_length_reward_correlation": 0.2468,
                          "val_chosen_reward_mean": 0.4, "val_rejected_reward_mean": -0.5, "test_chosen_reward_mean": 0.41,
-                         "test_rejected_reward_mean": -0.52},
+                         "test_rejected_reward_mean": -0.52,
+                         "gold_accuracy_by_family": {"val": {"fact": 0.7, "arith": 0.9}, "test": {"fact": 0.75, "arith": 0.8}}},
         "ppo": {"iterations": 30, "episodes": 1920, "reward_mean": 1.2, "sft_reward_mean": 0.01, "kl_to_ref": 4.5,
                 "gold_score_mean": 0.51, "gold_win_rate_vs_sft": 0.6, "final_kl_coef": 0.05, "time_per_sample_ms": 12.5,
                 "peak_memory_mb": 2345.6, "peak_memory_source": "max_rss"},
@@ -298,6 +299,7 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "| reward vs gold | 0.654 | 240 | 0.701 | 180 | 0 |" in text
     assert "| 16 | 1.835 | 1.210 |" in text  # best-of-N: log 16 - 15/16, 0.01 + 0.3 * 4
     assert "| test | 0.765 | 0.812 | 0.873 | 0.562 | 0.247 | 0.410 | -0.520 |" in text
+    assert "| split | arith | fact |" in text and "| test | 0.800 | 0.750 |" in text  # gold agreement by family
     assert "| test | 61 | 290 | 9 | 40 | 12 | 3 |" in text
     assert "| tie | 6 | 1 | 7 |" in text
     assert "| sycophancy | 2 | -0.321 | 0.654 | 0.111 |" in text

@@ -7,7 +7,7 @@ import torch
 
 from rlhf.config import TrainConfig
 from rlhf.errors import UserError
-from rlhf.reward_analysis import error_categories, pearson
+from rlhf.reward_analysis import accuracy_by_group, error_categories, pearson
 from rlhf.training import epoch_order, forward_map, optimizer_step, plan_steps
 
 
@@ -66,6 +66,13 @@ def test_forward_map_batches_longest_first_and_returns_the_original_order():
     batches.clear()
     assert forward_map(fn, items, 2, OneProcess()) == ["BB", "A", "DDDD", "CCC", "E"]
     assert batches == [["bb", "a"], ["dddd", "ccc"], ["e"]]
+
+
+def test_accuracy_by_group_by_hand():
+    groups = ["fact", "arith", "fact", "fact", "arith"]
+    correct = [True, False, False, True, True]
+    assert accuracy_by_group(groups, correct) == {"arith": 1 / 2, "fact": 2 / 3}
+    assert accuracy_by_group([], []) == {}
 
 
 def test_pearson_by_hand():
