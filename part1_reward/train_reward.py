@@ -15,13 +15,13 @@ import time
 
 import torch
 
-from rlhf.batching import collate_pairs, encode_pairs, pair_length
+from rlhf.batching import collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 from rlhf.losses import bradley_terry_loss
-from rlhf.models import REWARD_CONFIG_FILE, build_reward_model, fold_reward_offset, load_tokenizer, reward_scores
+from rlhf.models import REWARD_CONFIG_FILE, build_reward_model, fold_reward_offset, load_tokenizer, SharedPromptPairRewards
 from rlhf.plots import plot_reward_distributions, plot_training_curves
 from rlhf.reward_analysis import accuracy_by_group, error_analysis, pearson
 from rlhf.run import write_json_atomic
@@ -41,51 +41,50 @@ def main(argv: list[str] | None = None) -> None:
     cfg, run = started
     t_start = time.perf_counter()
 
-    # 1. Pairs, tokenized once; chosen and rejected go through one concatenated forward pass.
+    # 1. Pairs, tokenized once. A pair is one row, [prompt][chosen][rejected], whose mask keeps the two
+    #    responses apart: the prompt is encoded once for both (~30% fewer tokens than two rows).
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
     rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in ("train", "val", "test")}
     pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
 
     def collate(batch_pairs):
-        return collate_pairs(batch_pairs, tokenizer.pad_token_id, cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)
+        return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, cfg.data.max_prompt_tokens,
+                                           cfg.data.max_response_tokens + 1)
 
-    def pair_rewards(model, batch):
-        rewards = reward_scores(model, batch["input_ids"], batch["attention_mask"])  # (2B,)
-        return rewards.chunk(2)  # chosen (B,), rejected (B,)
-
-    def score_pairs(model, split_pairs) -> list[tuple[float, float]]:
+    def score_pairs(pairwise, split_pairs) -> list[tuple[float, float]]:
         def score(batch_pairs):
-            batch = {k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()}
-            chosen, rejected = pair_rewards(model, batch)
+            chosen, rejected = pairwise({k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()})
             return list(zip(chosen.tolist(), rejected.tolist()))
 
-        model.eval()
-        return forward_map(score, split_pairs, cfg.reward.eval_batch_size, accelerator, lengths=[pair_length(p) for p in split_pairs])
+        pairwise.eval()
+        return forward_map(score, split_pairs, cfg.reward.eval_batch_size, accelerator, lengths=[shared_prompt_pair_length(p) for p in split_pairs])
 
     # 2. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024).
     model = build_reward_model(run.model_dir("sft"), cfg.reward)
+    pairwise = SharedPromptPairRewards(model)  # what is trained: one forward per batch of pairs
     margin = torch.tensor(cfg.reward.margin) if cfg.reward.margin else None
 
-    def loss_fn(model, batch):
-        chosen, rejected = pair_rewards(model, batch)
+    def loss_fn(pairwise, batch):
+        chosen, rejected = pairwise(batch)
         return bradley_terry_loss(chosen, rejected, margin, cfg.reward.label_smoothing)
 
-    def evaluate(model):
-        scores = score_pairs(model, pairs["val"])
+    def evaluate(pairwise):
+        scores = score_pairs(pairwise, pairs["val"])
         return {"reward/val/accuracy": sum(c > r for c, r in scores) / len(scores)}
 
     logger = MetricLogger("reward", run.stage("reward"), run.tensorboard_dir("reward"), cfg, enabled=accelerator.is_main_process)
-    model, loop = fit(stage="reward", tcfg=cfg.reward, cfg=cfg, run=run, accelerator=accelerator, model=model,
-                      examples=pairs["train"], lengths=[pair_length(p) for p in pairs["train"]],
-                      collate=collate, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
+    pairwise, loop = fit(stage="reward", tcfg=cfg.reward, cfg=cfg, run=run, accelerator=accelerator, model=pairwise,
+                         examples=pairs["train"], lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
+                         collate=collate, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
+    model = pairwise.reward_model
 
     # 3. Score the held-out pairs, then normalise (Huang et al. 2024): the reference responses, SFT
     #    demonstrations (chosen responses; held-out ones, whose scores we need anyway), score mean 0.
-    held_out = {split: score_pairs(model, pairs[split]) for split in ("val", "test") if pairs[split]}
+    held_out = {split: score_pairs(pairwise, pairs[split]) for split in ("val", "test") if pairs[split]}
     offset, not_folded = 0.0, 0.0
     if cfg.reward.normalize:
-        reference = held_out.get("val") or score_pairs(model, pairs["train"][:2000])
+        reference = held_out.get("val") or score_pairs(pairwise, pairs["train"][:2000])
         offset = statistics.fmean(c for c, _ in reference)
         not_folded = fold_reward_offset(model, offset)  # 0.0 when the saved weights absorb it
         held_out = {split: [(c - offset, r - offset) for c, r in scores] for split, scores in held_out.items()}

@@ -5,6 +5,10 @@ tokenized separately and concatenated, exactly as they are at generation time (t
 continues the prompt's ids), so training and sampling see the same token boundaries.
 `response_mask` is True on response tokens and the EOS, never on prompt or pad tokens.
 Prompts for generation are left-padded (Huang et al. 2024, detail 2).
+
+A preference pair for the reward model is one row, `[prompt][chosen][rejected]`, with a 4-D
+attention mask that keeps the two responses apart (`collate_shared_prompt_pairs`): each reward
+is exactly the one its own `[prompt][response]` row would get, for one pass over the prompt.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ class EncodedPair:
 def pair_length(pair: EncodedPair) -> int:
     """Tokens in the longer of the pair's two sequences: the width it adds to a batch."""
     return len(pair.prompt_ids) + max(len(pair.chosen_ids), len(pair.rejected_ids))
+
+
+def shared_prompt_pair_length(pair: EncodedPair) -> int:
+    """Tokens in the pair's `collate_shared_prompt_pairs` row: the prompt once, then both responses."""
+    return len(pair.prompt_ids) + len(pair.chosen_ids) + len(pair.rejected_ids)
 
 
 def encode_texts(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -69,6 +78,45 @@ def collate_pairs(pairs: list[EncodedPair], pad_id: int, max_prompt_tokens: int 
     prompts = [p.prompt_ids for p in pairs] * 2
     responses = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
     return collate_sequences(prompts, responses, pad_id, max_prompt_tokens, max_response_tokens)
+
+
+def collate_shared_prompt_pairs(pairs: list[EncodedPair], pad_id: int, max_prompt_tokens: int | None = None,
+                                max_response_tokens: int | None = None) -> dict[str, torch.Tensor]:
+    """One row per pair, `[prompt][chosen][rejected]`, with the prompt encoded once for both responses.
+
+    The attention mask is 4-D, `(B, 1, T, T)`, True where a query may attend a key: causal, and a
+    response never sees the other response, so every rejected token computes exactly what it would
+    in its own `[prompt][rejected]` row. Position ids restart after the prompt for each response.
+    Pad positions attend only to themselves (no all-masked softmax row). `chosen_mask` and
+    `rejected_mask` (B, T) mark each sequence's tokens (prompt included); `chosen_last` and
+    `rejected_last` (B,) index each sequence's final token, where a reward is read.
+    Cost: one prompt pass per pair instead of two (~30% fewer tokens on the embedded task).
+    """
+    rows, segments, positions, chosen_last = [], [], [], []  # segment: 0 prompt, 1 chosen, 2 rejected
+    for pair in pairs:
+        prompt = pair.prompt_ids[-max_prompt_tokens:] if max_prompt_tokens else pair.prompt_ids
+        chosen = pair.chosen_ids[:max_response_tokens] if max_response_tokens else pair.chosen_ids
+        rejected = pair.rejected_ids[:max_response_tokens] if max_response_tokens else pair.rejected_ids
+        rows.append(prompt + chosen + rejected)
+        segments.append([0] * len(prompt) + [1] * len(chosen) + [2] * len(rejected))
+        positions.append(list(range(len(prompt) + len(chosen))) + list(range(len(prompt), len(prompt) + len(rejected))))
+        chosen_last.append(len(prompt) + len(chosen) - 1)
+    width = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, T)
+    segment = torch.full((len(rows), width), -1, dtype=torch.long)  # (B, T), -1 on pads
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
+    for i, (row, seg, pos) in enumerate(zip(rows, segments, positions)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        segment[i, : len(row)] = torch.tensor(seg)
+        position_ids[i, : len(row)] = torch.tensor(pos)
+    query, key = segment[:, :, None], segment[:, None, :]  # (B, T, 1), (B, 1, T)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()  # (T, T)
+    visible = ((key == 0) | (key == query)) & (key >= 0) & (query >= 0)  # real tokens: the prompt and their own response
+    attention_mask = (causal & visible) | (torch.eye(width, dtype=torch.bool) & (query < 0))  # (B, T, T)
+    chosen_mask, rejected_mask = (segment == 0) | (segment == 1), (segment == 0) | (segment == 2)  # (B, T)
+    return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask.unsqueeze(1),
+            "chosen_mask": chosen_mask, "rejected_mask": rejected_mask,
+            "chosen_last": torch.tensor(chosen_last), "rejected_last": torch.tensor([len(row) - 1 for row in rows])}
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -235,6 +235,47 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return logits.squeeze(-1).float() - getattr(model, "reward_offset", 0.0)  # (B,)
 
 
+class SharedPromptPairRewards(nn.Module):
+    """A reward model applied to `collate_shared_prompt_pairs` rows: forward(batch) -> (chosen (B,), rejected (B,)).
+
+    Pools exactly as `reward_scores` does on the two separate sequences: the head reads each
+    sequence's last token (last pooling) or the mean over each sequence's tokens (mean pooling).
+    A module rather than a function so that the whole pass is one `forward`, which is what
+    DistributedDataParallel synchronises; `reward_model` is the model to save.
+    """
+
+    def __init__(self, reward_model: nn.Module):
+        super().__init__()
+        self.reward_model = reward_model  # the only submodule, so state dicts keep one copy of each weight
+        self.mean_pooled = isinstance(reward_model, MeanPoolRewardModel)
+        implementation = getattr(reward_model.config, "_attn_implementation", "sdpa")
+        if implementation not in ("sdpa", "eager"):
+            raise UserError(f"shared-prompt reward batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'")
+        self.additive_mask = implementation == "eager"  # eager attention adds the mask to its scores
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        model = self.reward_model
+        backbone, head = (model.backbone, model.head) if self.mean_pooled else (model.base_model, model.score)
+        attention_mask = batch["attention_mask"]  # (B, 1, T, T) bool
+        if self.additive_mask:
+            attention_mask = torch.zeros(attention_mask.shape, dtype=backbone.dtype, device=attention_mask.device
+                                         ).masked_fill(~attention_mask, torch.finfo(backbone.dtype).min)
+        hidden = backbone(input_ids=batch["input_ids"], attention_mask=attention_mask,
+                          position_ids=batch["position_ids"]).last_hidden_state  # (B, T, H)
+        offset = getattr(model, "reward_offset", 0.0)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+
+        def score(which: str) -> torch.Tensor:  # (B,)
+            if self.mean_pooled:
+                weights = batch[f"{which}_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)  # (B, H)
+            else:
+                pooled = hidden[rows, batch[f"{which}_last"]]  # (B, H)
+            return head(pooled).squeeze(-1).float() - offset
+
+        return score("chosen"), score("rejected")
+
+
 def fold_reward_offset(model: nn.Module, offset: float) -> float:
     """Make the saved model itself output reward - offset, so a plain
     `AutoModelForSequenceClassification.from_pretrained(path)` gives normalised scores.

@@ -2,7 +2,8 @@
 
 import torch
 
-from rlhf.batching import collate_pairs, collate_sequences, EncodedPair, left_pad
+from rlhf.batching import (collate_pairs, collate_sequences, collate_shared_prompt_pairs, EncodedPair, left_pad,
+                           shared_prompt_pair_length)
 from rlhf.rollout import truncate_after_eos
 
 PAD = 0
@@ -26,6 +27,41 @@ def test_collate_pairs_puts_chosen_rows_first():
     pairs = [EncodedPair([5], [6, 1], [7, 7, 1]), EncodedPair([4, 4], [3, 1], [2, 1])]
     batch = collate_pairs(pairs, PAD)
     assert batch["input_ids"].tolist() == [[5, 6, 1, PAD], [4, 4, 3, 1], [5, 7, 7, 1], [4, 4, 2, 1]]
+
+
+def test_shared_prompt_pairs_keep_the_two_responses_apart():
+    pairs = [EncodedPair([5, 6], [7, 1], [8, 1]), EncodedPair([9], [1], [1])]
+    batch = collate_shared_prompt_pairs(pairs, PAD)
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 1, 8, 1], [9, 1, 1, PAD, PAD, PAD]]
+    # Each response continues the prompt's positions, as it would in its own row.
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 2, 3], [0, 1, 1, 0, 0, 0]]
+    assert batch["attention_mask"].shape == (2, 1, 6, 6)
+    assert batch["attention_mask"][0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0],  # prompt
+        [1, 1, 0, 0, 0, 0],  # prompt
+        [1, 1, 1, 0, 0, 0],  # chosen: prompt + itself
+        [1, 1, 1, 1, 0, 0],  # chosen
+        [1, 1, 0, 0, 1, 0],  # rejected: prompt + itself, never the chosen tokens
+        [1, 1, 0, 0, 1, 1],  # rejected
+    ]
+    assert batch["attention_mask"][1, 0].int().tolist() == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 0, 1, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],  # pads see only themselves: no all-masked softmax row
+        [0, 0, 0, 0, 1, 0],
+        [0, 0, 0, 0, 0, 1],
+    ]
+    assert batch["chosen_last"].tolist() == [3, 1] and batch["rejected_last"].tolist() == [5, 2]
+    assert batch["chosen_mask"].int().tolist() == [[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0]]
+    assert batch["rejected_mask"].int().tolist() == [[1, 1, 0, 0, 1, 1], [1, 0, 1, 0, 0, 0]]
+    assert [shared_prompt_pair_length(p) for p in pairs] == [6, 3]
+
+
+def test_shared_prompt_pairs_truncate_like_separate_rows():
+    batch = collate_shared_prompt_pairs([EncodedPair([2, 3, 4], [5, 6, 1], [7, 1])], PAD, max_prompt_tokens=2, max_response_tokens=2)
+    assert batch["input_ids"].tolist() == [[3, 4, 5, 6, 7, 1]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 2, 3]]
 
 
 def test_left_pad_aligns_prompt_ends():

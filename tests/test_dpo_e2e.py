@@ -17,8 +17,9 @@ from conftest import TINY_TEST_OVERRIDES, read_summary, run_script
 pytestmark = pytest.mark.slow
 
 SCRIPT = "part3_dpo/train_dpo.py"
-# The tiny preset's dpo section with fewer pairs, so the stage takes well under a minute here.
-DPO_TEST_OVERRIDES = ["dpo.max_train_pairs=1536", "dpo.eval_prompts=120", "dpo.save_every=0"]
+# The tiny preset's dpo section (all its 2,048 training pairs: with fewer, the implicit reward's test
+# accuracy sits too near the 3-sd bar to be a reliable check) with fewer evaluation prompts.
+DPO_TEST_OVERRIDES = ["dpo.eval_prompts=120", "dpo.save_every=0"]
 
 
 def file_digest(path: Path) -> str:
@@ -61,7 +62,7 @@ def test_outputs_are_complete_and_described(dpo_run):
     assert summary["timing_s"]["dpo"] > 0
     assert results["reference"] == "precomputed" and results["ref_cached_splits"] == []
     assert results["peak_memory_kind"] in ("cpu_max_rss", "cuda_max_allocated") and results["peak_memory_mb"] > 0
-    assert results["tokens_per_s"] > 0 and results["steps"] == 1536 // 32
+    assert results["tokens_per_s"] > 0 and results["steps"] == 2048 // 32
     stage = output_dir / "dpo"
     assert (stage / "complete.json").is_file() and not (stage / "checkpoint").exists()
     assert (stage / "ref_logps.safetensors").is_file()

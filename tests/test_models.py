@@ -5,9 +5,11 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
+from rlhf.batching import EncodedPair, collate_pairs, collate_shared_prompt_pairs
 from rlhf.config import RewardConfig
-from rlhf.models import (MeanPoolRewardModel, build_reward_model, disable_dropout, fold_reward_offset, load_reward_model,
-                         reward_scores, token_logprobs)
+from rlhf.errors import UserError
+from rlhf.models import (MeanPoolRewardModel, SharedPromptPairRewards, build_reward_model, disable_dropout, fold_reward_offset,
+                         load_reward_model, reward_scores, token_logprobs)
 
 PAD = 0
 
@@ -103,3 +105,25 @@ def test_mean_pool_reward_model_round_trips(sft_dir, tmp_path):
     (tmp_path / "rm" / "reward_config.json").write_text(json.dumps({"pooling": "mean", "head_hidden": 8}))
     loaded = load_reward_model(tmp_path / "rm").eval()
     assert reward_scores(loaded, ids, mask).item() == pytest.approx(score.item() - 0.5, abs=1e-5)
+
+
+@pytest.mark.parametrize("pooling", ["last", "mean"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_shared_prompt_rows_score_like_separate_sequences(tmp_path, pooling, attention):
+    torch.manual_seed(0)
+    GPT2LMHeadModel(tiny_config(attn_implementation=attention)).save_pretrained(tmp_path / "sft")
+    model = build_reward_model(tmp_path / "sft", RewardConfig(pooling=pooling, head_hidden=8)).eval()
+    model.reward_offset = 0.25
+    pairs = [EncodedPair([3, 7], [9, 4, 1], [5, 1]), EncodedPair([6], [2, 1], [8, 8, 8, 1]), EncodedPair([4, 4, 4], [1], [1])]
+    separate = collate_pairs(pairs, PAD)
+    expected_chosen, expected_rejected = reward_scores(model, separate["input_ids"], separate["attention_mask"]).chunk(2)
+    chosen, rejected = SharedPromptPairRewards(model)(collate_shared_prompt_pairs(pairs, PAD))
+    assert torch.allclose(chosen, expected_chosen, atol=1e-5)
+    assert torch.allclose(rejected, expected_rejected, atol=1e-5)
+
+
+def test_shared_prompt_rows_refuse_attention_without_4d_masks(sft_dir):
+    model = build_reward_model(sft_dir, RewardConfig(pooling="last"))
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(UserError, match="sdpa"):
+        SharedPromptPairRewards(model)

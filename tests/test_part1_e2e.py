@@ -126,22 +126,28 @@ def test_killed_stage_resumes_to_the_same_result(tiny_run, tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
-def test_two_process_data_parallel_matches_one_process(tiny_run, tmp_path):
+@pytest.mark.parametrize("stage", ["sft", "reward"])
+def test_two_process_data_parallel_matches_one_process(tiny_run, tmp_path, stage):
     """torchrun with 2 gloo processes == 1 process accumulating 2 micro-batches, same global batch."""
-    overrides = [*TINY_TEST_OVERRIDES, "sft.max_steps=6", "sft.batch_size=16", "sft.micro_batch_size=8", "run.log_every=1",
-                 "sft.gold_eval_prompts=2", "sft.num_samples=1", "sft.save_every=0"]
+    overrides = [*TINY_TEST_OVERRIDES, f"{stage}.max_steps=6", f"{stage}.batch_size=16", f"{stage}.micro_batch_size=8",
+                 f"{stage}.save_every=0", "run.log_every=1"]
+    if stage == "sft":  # the reward stage needs the sft config its input was made with
+        overrides += ["sft.gold_eval_prompts=2", "sft.num_samples=1"]
+    script = {"sft": "part1_reward/train_sft.py", "reward": "part1_reward/train_reward.py"}[stage]
+    inputs = {"sft": ["data"], "reward": ["data", "sft"]}[stage]
     losses = {}
     for name, launcher in (("single", [sys.executable]),
                            ("ddp", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"])):
         out = tmp_path / name
-        shutil.copytree(tiny_run / "data", out / "data")
+        for folder in inputs:
+            shutil.copytree(tiny_run / folder, out / folder)
         shutil.copy(tiny_run / "summary.json", out / "summary.json")
-        command = [*launcher, str(REPO / "part1_reward/train_sft.py"), "--preset", "tiny", "--output-dir", str(out), *overrides]
+        command = [*launcher, str(REPO / script), "--preset", "tiny", "--output-dir", str(out), *overrides]
         result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert result.returncode == 0, result.stderr[-3000:]
-        rows = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").read_text().splitlines()]
-        losses[name] = [row["sft/train/loss"] for row in rows if "sft/train/loss" in row]
+        rows = [json.loads(line) for line in (out / stage / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = [row[f"{stage}/train/loss"] for row in rows if f"{stage}/train/loss" in row]
     assert len(losses["single"]) == 6
     assert losses["single"] == pytest.approx(losses["ddp"], rel=1e-4)
 
