@@ -44,7 +44,7 @@ def main() -> None:
         return reward_scores(model, batch["input_ids"], batch["attention_mask"]).chunk(2)
 
     def shared_prompt(model, batch_pairs):
-        return SharedPromptPairRewards(model)(collate_shared_prompt_pairs(batch_pairs, *truncation))
+        return SharedPromptPairRewards(model)(collate_shared_prompt_pairs(batch_pairs, *truncation))[:2]
 
     pairs_per_second = {}
     for name, rewards in (("two rows per pair", two_rows), ("shared prompt", shared_prompt)):

@@ -20,8 +20,9 @@ from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
-from rlhf.losses import bradley_terry_loss
-from rlhf.models import REWARD_CONFIG_FILE, build_reward_model, fold_reward_offset, load_tokenizer, SharedPromptPairRewards
+from rlhf.losses import bradley_terry_loss, logprob_distillation_loss
+from rlhf.models import (REWARD_CONFIG_FILE, SharedPromptPairRewards, build_reward_model, fold_reward_offset, load_policy, load_tokenizer,
+                         shared_prompt_response_logprobs)
 from rlhf.plots import plot_reward_distributions, plot_training_curves
 from rlhf.reward_analysis import accuracy_by_group, error_analysis, pearson
 from rlhf.run import write_json_atomic
@@ -32,6 +33,8 @@ from rlhf.training import fit, forward_map, make_accelerator
 def check_reward_config(cfg) -> None:
     if not 0 <= cfg.reward.label_smoothing < 0.5:
         raise UserError(f"reward.label_smoothing must be in [0, 0.5), got {cfg.reward.label_smoothing}")
+    if cfg.reward.logprob_distill_coef < 0:
+        raise UserError(f"reward.logprob_distill_coef must be >= 0, got {cfg.reward.logprob_distill_coef}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -48,26 +51,54 @@ def main(argv: list[str] | None = None) -> None:
     rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in ("train", "val", "test")}
     pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
 
-    def collate(batch_pairs):
+    def collate(batch_pairs, response_values=None):
         return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, cfg.data.max_prompt_tokens,
-                                           cfg.data.max_response_tokens + 1)
+                                           cfg.data.max_response_tokens + 1, response_values)
 
     def score_pairs(pairwise, split_pairs) -> list[tuple[float, float]]:
         def score(batch_pairs):
-            chosen, rejected = pairwise({k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()})
+            chosen, rejected, _ = pairwise({k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()})
             return list(zip(chosen.tolist(), rejected.tolist()))
 
         pairwise.eval()
         return forward_map(score, split_pairs, cfg.reward.eval_batch_size, accelerator, lengths=[shared_prompt_pair_length(p) for p in split_pairs])
 
-    # 2. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024).
+    # 2. Optional distillation targets: the SFT policy's log-prob of every training response token,
+    #    standardised over the training set (one forward-only pass before training).
+    distilling = cfg.reward.logprob_distill_coef > 0
+    train_examples = [(pair, None) for pair in pairs["train"]]
+    if distilling:
+        policy = load_policy(run.model_dir("sft")).to(accelerator.device).eval()
+
+        def response_logprobs(batch_pairs):
+            batch = {k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()}
+            logprobs = shared_prompt_response_logprobs(policy, batch)  # (B, T)
+            return [(row[c & ~r].cpu(), row[r & ~c].cpu()) for row, c, r in zip(logprobs, batch["chosen_mask"], batch["rejected_mask"])]
+
+        targets = forward_map(response_logprobs, pairs["train"], cfg.reward.eval_batch_size, accelerator,
+                              lengths=[shared_prompt_pair_length(p) for p in pairs["train"]])
+        every_logprob = torch.cat([values for pair_targets in targets for values in pair_targets])
+        mean, std = every_logprob.mean(), every_logprob.std().clamp(min=1e-6)
+        train_examples = [(pair, ((chosen - mean) / std, (rejected - mean) / std)) for pair, (chosen, rejected) in zip(pairs["train"], targets)]
+        del policy
+
+    def collate_train(batch):
+        batch_pairs, batch_targets = zip(*batch)
+        return collate(list(batch_pairs), list(batch_targets) if distilling else None)
+
+    # 3. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024).
     model = build_reward_model(run.model_dir("sft"), cfg.reward)
-    pairwise = SharedPromptPairRewards(model)  # what is trained: one forward per batch of pairs
+    pairwise = SharedPromptPairRewards(model, token_head=distilling)  # what is trained: one forward per batch of pairs
     margin = torch.tensor(cfg.reward.margin) if cfg.reward.margin else None
 
     def loss_fn(pairwise, batch):
-        chosen, rejected = pairwise(batch)
-        return bradley_terry_loss(chosen, rejected, margin, cfg.reward.label_smoothing)
+        chosen, rejected, token_values = pairwise(batch)
+        loss, stats = bradley_terry_loss(chosen, rejected, margin, cfg.reward.label_smoothing)
+        if distilling:
+            distill = logprob_distillation_loss(token_values, batch["response_values"], batch["response_values_mask"])
+            loss = loss + cfg.reward.logprob_distill_coef * distill
+            stats["logprob_mse"] = distill.detach()
+        return loss, stats
 
     def evaluate(pairwise):
         scores = score_pairs(pairwise, pairs["val"])
@@ -75,11 +106,11 @@ def main(argv: list[str] | None = None) -> None:
 
     logger = MetricLogger("reward", run.stage("reward"), run.tensorboard_dir("reward"), cfg, enabled=accelerator.is_main_process)
     pairwise, loop = fit(stage="reward", tcfg=cfg.reward, cfg=cfg, run=run, accelerator=accelerator, model=pairwise,
-                         examples=pairs["train"], lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
-                         collate=collate, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
+                         examples=train_examples, lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
+                         collate=collate_train, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
     model = pairwise.reward_model
 
-    # 3. Score the held-out pairs, then normalise (Huang et al. 2024): the reference responses, SFT
+    # 4. Score the held-out pairs, then normalise (Huang et al. 2024): the reference responses, SFT
     #    demonstrations (chosen responses; held-out ones, whose scores we need anyway), score mean 0.
     held_out = {split: score_pairs(pairwise, pairs[split]) for split in ("val", "test") if pairs[split]}
     offset, not_folded = 0.0, 0.0
@@ -89,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         not_folded = fold_reward_offset(model, offset)  # 0.0 when the saved weights absorb it
         held_out = {split: [(c - offset, r - offset) for c, r in scores] for split, scores in held_out.items()}
 
-    # 4. Held-out accuracy against the labels (and, on the embedded task, against gold).
+    # 5. Held-out accuracy against the labels (and, on the embedded task, against gold).
     results: dict = {"steps": loop["steps"], "offset": offset}
     analysis: dict = {}
     by_family: dict[str, dict[str, float]] = {}  # embedded task: agreement with gold per prompt family
@@ -113,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     logger.log(loop["steps"], {f"reward/{k.split('_', 1)[0]}/{k.split('_', 1)[1]}": v for k, v in results.items()
                                if k.startswith(("val_", "test_"))})
 
-    # 5. Publish the model (AutoModelForSequenceClassification-loadable), analysis, summary.
+    # 6. Publish the model (AutoModelForSequenceClassification-loadable), analysis, summary.
     if accelerator.is_main_process:
         reward_info = {"pooling": cfg.reward.pooling, "head_hidden": cfg.reward.head_hidden,
                        "offset": offset, "offset_not_folded": not_folded}

@@ -81,7 +81,8 @@ def collate_pairs(pairs: list[EncodedPair], pad_id: int, max_prompt_tokens: int 
 
 
 def collate_shared_prompt_pairs(pairs: list[EncodedPair], pad_id: int, max_prompt_tokens: int | None = None,
-                                max_response_tokens: int | None = None) -> dict[str, torch.Tensor]:
+                                max_response_tokens: int | None = None,
+                                response_values: list[tuple[list[float], list[float]]] | None = None) -> dict[str, torch.Tensor]:
     """One row per pair, `[prompt][chosen][rejected]`, with the prompt encoded once for both responses.
 
     The attention mask is 4-D, `(B, 1, T, T)`, True where a query may attend a key: causal, and a
@@ -90,13 +91,21 @@ def collate_shared_prompt_pairs(pairs: list[EncodedPair], pad_id: int, max_promp
     Pad positions attend only to themselves (no all-masked softmax row). `chosen_mask` and
     `rejected_mask` (B, T) mark each sequence's tokens (prompt included); `chosen_last` and
     `rejected_last` (B,) index each sequence's final token, where a reward is read.
+    With `response_values` (per pair, one float per chosen and per rejected response token),
+    `response_values` (B, T) holds them at their tokens' columns (0 elsewhere), truncated as the
+    tokens are, and `response_values_mask` (B, T) marks those columns.
     Cost: one prompt pass per pair instead of two (~30% fewer tokens on the embedded task).
     """
-    rows, segments, positions, chosen_last = [], [], [], []  # segment: 0 prompt, 1 chosen, 2 rejected
-    for pair in pairs:
+    rows, segments, positions, chosen_last, values = [], [], [], [], []  # segment: 0 prompt, 1 chosen, 2 rejected
+    for i, pair in enumerate(pairs):
         prompt = pair.prompt_ids[-max_prompt_tokens:] if max_prompt_tokens else pair.prompt_ids
         chosen = pair.chosen_ids[:max_response_tokens] if max_response_tokens else pair.chosen_ids
         rejected = pair.rejected_ids[:max_response_tokens] if max_response_tokens else pair.rejected_ids
+        if response_values is not None:
+            chosen_values, rejected_values = (torch.as_tensor(v, dtype=torch.float32) for v in response_values[i])
+            if len(chosen_values) < len(chosen) or len(rejected_values) < len(rejected):
+                raise ValueError(f"pair {i}: response_values must hold one value per response token")
+            values.append(torch.cat([torch.zeros(len(prompt)), chosen_values[:len(chosen)], rejected_values[:len(rejected)]]))
         rows.append(prompt + chosen + rejected)
         segments.append([0] * len(prompt) + [1] * len(chosen) + [2] * len(rejected))
         positions.append(list(range(len(prompt) + len(chosen))) + list(range(len(prompt), len(prompt) + len(rejected))))
@@ -114,9 +123,15 @@ def collate_shared_prompt_pairs(pairs: list[EncodedPair], pad_id: int, max_promp
     visible = ((key == 0) | (key == query)) & (key >= 0) & (query >= 0)  # real tokens: the prompt and their own response
     attention_mask = (causal & visible) | (torch.eye(width, dtype=torch.bool) & (query < 0))  # (B, T, T)
     chosen_mask, rejected_mask = (segment == 0) | (segment == 1), (segment == 0) | (segment == 2)  # (B, T)
-    return {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask.unsqueeze(1),
-            "chosen_mask": chosen_mask, "rejected_mask": rejected_mask,
-            "chosen_last": torch.tensor(chosen_last), "rejected_last": torch.tensor([len(row) - 1 for row in rows])}
+    batch = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask.unsqueeze(1),
+             "chosen_mask": chosen_mask, "rejected_mask": rejected_mask,
+             "chosen_last": torch.tensor(chosen_last), "rejected_last": torch.tensor([len(row) - 1 for row in rows])}
+    if response_values is not None:
+        batch["response_values"] = torch.zeros((len(rows), width))  # (B, T)
+        for i, row_values in enumerate(values):
+            batch["response_values"][i, : len(row_values)] = row_values
+        batch["response_values_mask"] = segment > 0  # (B, T)
+    return batch
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -106,6 +106,7 @@ class RewardConfig(TrainConfig):
     head_dropout: float = 0.1  # dropout in the MLP head (mean pooling only)
     normalize: bool = True  # fold an offset into the head so reference responses (SFT demonstrations: val chosen) score mean 0 (Huang et al. 2024)
     error_examples: int = 5  # misclassified examples saved per error category
+    logprob_distill_coef: float = 0.0  # weight of an auxiliary loss: a linear head on every response token regresses the SFT policy's (standardised) log-prob of that token; 0 turns it off
 
 
 @dataclass

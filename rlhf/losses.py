@@ -53,6 +53,19 @@ def bradley_terry_loss(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
+def logprob_distillation_loss(predicted: Tensor, target_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """Mean squared error between a head's per-token outputs and the SFT policy's per-token
+    log-probs (standardised by the caller), over the columns in `mask`.
+
+    An auxiliary loss for the reward model: regressing how likely the SFT policy finds each
+    response token makes the reward model's hidden states carry that "surprise" (a wrong
+    capital or sum is an unlikely token), which the reward head can then read. Related to the
+    hidden-state regularisers of Yang et al. 2024 (GRM, arXiv 2406.10216), which keep an RM's
+    features close to its language model's. predicted, target_logprobs: (B, T); mask: (B, T) bool.
+    """
+    return masked_mean((upcast(predicted) - upcast(target_logprobs)) ** 2, mask)
+
+
 # ---------------------------------------------------------------- DPO family
 # h = (log π(y_c) − log π_ref(y_c)) − (log π(y_r) − log π_ref(y_r)), per pair.
 # All variants take (policy_chosen_logps, policy_rejected_logps, ref_chosen_logps,

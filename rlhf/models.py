@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -235,31 +236,66 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return logits.squeeze(-1).float() - getattr(model, "reward_offset", 0.0)  # (B,)
 
 
+def _shared_prompt_attention_mask(config, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The (B, 1, T, T) bool mask of `collate_shared_prompt_pairs` in the form `config`'s attention takes."""
+    implementation = getattr(config, "_attn_implementation", "sdpa")
+    if implementation not in ("sdpa", "eager"):
+        raise UserError(f"shared-prompt pair batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'")
+    if implementation == "sdpa":
+        return attention_mask
+    # eager attention adds the mask to its scores
+    return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill(~attention_mask, torch.finfo(dtype).min)
+
+
+@torch.no_grad()
+def shared_prompt_response_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T) log-prob under `policy` of each response token of `collate_shared_prompt_pairs` rows,
+    given its own sequence's prefix; 0 on prompt and pad columns.
+
+    Equal to `token_logprobs` on the separate `[prompt][chosen]` and `[prompt][rejected]` rows:
+    a token's logits come from the column before it, except the first rejected token's, which
+    come from the prompt's last column (the chosen tokens in between are not its prefix).
+    """
+    attention_mask = _shared_prompt_attention_mask(policy.config, batch["attention_mask"], policy.dtype)
+    logits = policy(input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]).logits  # (B, T, V)
+    batch_size, width = batch["input_ids"].shape
+    rows = torch.arange(batch_size, device=logits.device)
+    previous = (torch.arange(width, device=logits.device) - 1).clamp(min=0).repeat(batch_size, 1)  # (B, T)
+    prompt_last = (batch["chosen_mask"] & batch["rejected_mask"]).sum(1) - 1  # (B,)
+    previous[rows, batch["chosen_last"] + 1] = prompt_last  # every response holds at least its EOS
+    logprobs = gather_logprobs(logits[rows[:, None], previous], batch["input_ids"])  # (B, T)
+    responses = batch["chosen_mask"] ^ batch["rejected_mask"]  # (B, T): exactly one of the two sequences
+    return logprobs.masked_fill(~responses, 0.0)
+
+
+class PairRewards(NamedTuple):
+    chosen: torch.Tensor  # (B,)
+    rejected: torch.Tensor  # (B,)
+    token_values: torch.Tensor | None  # (B, T) the token head's output at every column; None without one
+
+
 class SharedPromptPairRewards(nn.Module):
-    """A reward model applied to `collate_shared_prompt_pairs` rows: forward(batch) -> (chosen (B,), rejected (B,)).
+    """A reward model applied to `collate_shared_prompt_pairs` rows: forward(batch) -> PairRewards.
 
     Pools exactly as `reward_scores` does on the two separate sequences: the head reads each
     sequence's last token (last pooling) or the mean over each sequence's tokens (mean pooling).
-    A module rather than a function so that the whole pass is one `forward`, which is what
+    With `token_head`, a linear head also reads every column's final hidden state (the
+    log-prob distillation target of the reward stage); it is trained but not part of the reward
+    model. A module rather than a function so that the whole pass is one `forward`, which is what
     DistributedDataParallel synchronises; `reward_model` is the model to save.
     """
 
-    def __init__(self, reward_model: nn.Module):
+    def __init__(self, reward_model: nn.Module, token_head: bool = False):
         super().__init__()
-        self.reward_model = reward_model  # the only submodule, so state dicts keep one copy of each weight
+        self.reward_model = reward_model
         self.mean_pooled = isinstance(reward_model, MeanPoolRewardModel)
-        implementation = getattr(reward_model.config, "_attn_implementation", "sdpa")
-        if implementation not in ("sdpa", "eager"):
-            raise UserError(f"shared-prompt reward batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'")
-        self.additive_mask = implementation == "eager"  # eager attention adds the mask to its scores
+        _shared_prompt_attention_mask(reward_model.config, torch.ones(1, 1, 1, 1, dtype=torch.bool), torch.float32)  # fail at start-up
+        self.token_head = nn.Linear(reward_model.config.hidden_size, 1) if token_head else None
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: dict[str, torch.Tensor]) -> PairRewards:
         model = self.reward_model
         backbone, head = (model.backbone, model.head) if self.mean_pooled else (model.base_model, model.score)
-        attention_mask = batch["attention_mask"]  # (B, 1, T, T) bool
-        if self.additive_mask:
-            attention_mask = torch.zeros(attention_mask.shape, dtype=backbone.dtype, device=attention_mask.device
-                                         ).masked_fill(~attention_mask, torch.finfo(backbone.dtype).min)
+        attention_mask = _shared_prompt_attention_mask(model.config, batch["attention_mask"], backbone.dtype)
         hidden = backbone(input_ids=batch["input_ids"], attention_mask=attention_mask,
                           position_ids=batch["position_ids"]).last_hidden_state  # (B, T, H)
         offset = getattr(model, "reward_offset", 0.0)
@@ -273,7 +309,8 @@ class SharedPromptPairRewards(nn.Module):
                 pooled = hidden[rows, batch[f"{which}_last"]]  # (B, H)
             return head(pooled).squeeze(-1).float() - offset
 
-        return score("chosen"), score("rejected")
+        token_values = self.token_head(hidden).squeeze(-1).float() if self.token_head is not None else None  # (B, T)
+        return PairRewards(score("chosen"), score("rejected"), token_values)
 
 
 def fold_reward_offset(model: nn.Module, offset: float) -> float:

@@ -14,6 +14,7 @@ from rlhf.losses import (
     dpo_loss,
     grpo_loss,
     ipo_loss,
+    logprob_distillation_loss,
     ppo_policy_loss,
     ppo_value_loss,
     sft_loss,
@@ -61,6 +62,14 @@ def test_sft_loss_is_token_mean_nll_over_response():
 def test_bradley_terry_single_pair_by_hand():
     loss, stats = bradley_terry_loss(f64([2.0]), f64([0.0]))
     close(loss, math.log(1 + math.exp(-2)))  # 0.1269
+
+
+def test_logprob_distillation_loss_by_hand():
+    predicted = f64([0.5, 2.0, 9.0], [1.0, -1.0, 0.0])
+    target = f64([0.0, 1.0, 0.0], [3.0, -1.0, 7.0])
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    # masked squared errors: 0.25, 1, 4, 0 -> mean 5.25 / 4; the masked-out 81 and 49 do not count
+    close(logprob_distillation_loss(predicted, target, mask), 5.25 / 4)
 
 
 def test_bradley_terry_batch_stats_by_hand():

@@ -3,13 +3,14 @@ and a reward model that plain transformers loads with the normalisation folded i
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from rlhf.batching import EncodedPair, collate_pairs, collate_shared_prompt_pairs
 from rlhf.config import RewardConfig
 from rlhf.errors import UserError
 from rlhf.models import (MeanPoolRewardModel, SharedPromptPairRewards, build_reward_model, disable_dropout, fold_reward_offset,
-                         load_reward_model, reward_scores, token_logprobs)
+                         load_reward_model, reward_scores, shared_prompt_response_logprobs, token_logprobs)
 
 PAD = 0
 
@@ -117,9 +118,36 @@ def test_shared_prompt_rows_score_like_separate_sequences(tmp_path, pooling, att
     pairs = [EncodedPair([3, 7], [9, 4, 1], [5, 1]), EncodedPair([6], [2, 1], [8, 8, 8, 1]), EncodedPair([4, 4, 4], [1], [1])]
     separate = collate_pairs(pairs, PAD)
     expected_chosen, expected_rejected = reward_scores(model, separate["input_ids"], separate["attention_mask"]).chunk(2)
-    chosen, rejected = SharedPromptPairRewards(model)(collate_shared_prompt_pairs(pairs, PAD))
+    chosen, rejected, token_values = SharedPromptPairRewards(model)(collate_shared_prompt_pairs(pairs, PAD))
     assert torch.allclose(chosen, expected_chosen, atol=1e-5)
     assert torch.allclose(rejected, expected_rejected, atol=1e-5)
+    assert token_values is None
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_shared_prompt_response_logprobs_equal_separate_sequences(attention):
+    torch.manual_seed(0)
+    policy = GPT2LMHeadModel(tiny_config(attn_implementation=attention)).eval()
+    pairs = [EncodedPair([3, 7], [9, 4, 1], [5, 1]), EncodedPair([6], [2, 1], [8, 8, 8, 1]), EncodedPair([4, 4, 4], [1], [1])]
+    separate = collate_pairs(pairs, PAD)
+    with torch.no_grad():
+        expected = token_logprobs(policy, separate["input_ids"], separate["attention_mask"])  # (2B, T)
+    shared = shared_prompt_response_logprobs(policy, collate_shared_prompt_pairs(pairs, PAD))
+    for i, pair in enumerate(pairs):
+        p, c, r = len(pair.prompt_ids), len(pair.chosen_ids), len(pair.rejected_ids)
+        assert torch.allclose(shared[i, p:p + c], expected[i, p:p + c], atol=1e-5)
+        assert torch.allclose(shared[i, p + c:p + c + r], expected[len(pairs) + i, p:p + r], atol=1e-5)
+        assert shared[i, :p].eq(0).all() and shared[i, p + c + r:].eq(0).all()
+
+
+def test_token_head_reads_every_column_and_is_not_saved(sft_dir, tmp_path):
+    model = build_reward_model(sft_dir, RewardConfig(pooling="last")).eval()
+    pairwise = SharedPromptPairRewards(model, token_head=True)
+    batch = collate_shared_prompt_pairs([EncodedPair([3, 7], [9, 1], [5, 5, 1])], PAD)
+    token_values = pairwise(batch).token_values
+    assert token_values.shape == batch["input_ids"].shape
+    model.save_pretrained(tmp_path / "rm")
+    assert "token_head.weight" not in load_file(tmp_path / "rm" / "model.safetensors")
 
 
 def test_shared_prompt_rows_refuse_attention_without_4d_masks(sft_dir):

@@ -133,6 +133,8 @@ def test_two_process_data_parallel_matches_one_process(tiny_run, tmp_path, stage
                  f"{stage}.save_every=0", "run.log_every=1"]
     if stage == "sft":  # the reward stage needs the sft config its input was made with
         overrides += ["sft.gold_eval_prompts=2", "sft.num_samples=1"]
+    else:  # with the distillation targets, computed sharded across the processes
+        overrides += ["reward.logprob_distill_coef=1.0"]
     script = {"sft": "part1_reward/train_sft.py", "reward": "part1_reward/train_reward.py"}[stage]
     inputs = {"sft": ["data"], "reward": ["data", "sft"]}[stage]
     losses = {}
