@@ -236,12 +236,17 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return logits.squeeze(-1).float() - getattr(model, "reward_offset", 0.0)  # (B,)
 
 
-def _shared_prompt_attention_mask(config, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The (B, 1, T, T) bool mask of `collate_shared_prompt_pairs` in the form `config`'s attention takes."""
+def _check_4d_mask_support(config) -> str:
+    """The model's attention implementation, if it takes the 4-D masks of shared-prompt rows."""
     implementation = getattr(config, "_attn_implementation", "sdpa")
     if implementation not in ("sdpa", "eager"):
         raise UserError(f"shared-prompt pair batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'")
-    if implementation == "sdpa":
+    return implementation
+
+
+def _shared_prompt_attention_mask(config, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The (B, 1, T, T) bool mask of `collate_shared_prompt_pairs` in the form `config`'s attention takes."""
+    if _check_4d_mask_support(config) == "sdpa":
         return attention_mask
     # eager attention adds the mask to its scores
     return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill(~attention_mask, torch.finfo(dtype).min)
@@ -289,7 +294,7 @@ class SharedPromptPairRewards(nn.Module):
         super().__init__()
         self.reward_model = reward_model
         self.mean_pooled = isinstance(reward_model, MeanPoolRewardModel)
-        _shared_prompt_attention_mask(reward_model.config, torch.ones(1, 1, 1, 1, dtype=torch.bool), torch.float32)  # fail at start-up
+        _check_4d_mask_support(reward_model.config)  # fail at start-up, not at the first batch
         self.token_head = nn.Linear(reward_model.config.hidden_size, 1) if token_head else None
 
     def forward(self, batch: dict[str, torch.Tensor]) -> PairRewards:

@@ -88,6 +88,8 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
     assert mismatched.returncode == 2 and "stage 'sft' was run with a different config" in mismatched.stderr
     invalid = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.label_smoothing=0.7", check=False)
     assert invalid.returncode == 2 and "reward.label_smoothing must be in [0, 0.5)" in invalid.stderr
+    negative = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.logprob_distill_coef=-1", check=False)
+    assert negative.returncode == 2 and "reward.logprob_distill_coef must be >= 0" in negative.stderr
     assert "already complete" in run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES).stdout
     changed = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.max_steps=3")
     assert "already complete" not in changed.stdout
