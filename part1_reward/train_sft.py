@@ -102,8 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             lambda batch: sample_responses(model, tokenizer, encode_texts(tokenizer, batch), sampling).texts,
             eval_prompts, cfg.sft.eval_batch_size, accelerator,
         )
-        results["gold_good_rate"] = sum(task.is_good(p, r) for p, r in zip(eval_prompts, sampled)) / len(eval_prompts)
-        results["gold_score_mean"] = sum(task.gold_score(p, r) for p, r in zip(eval_prompts, sampled)) / len(eval_prompts)
+        results.update(task.gold_summary(eval_prompts, sampled))
         for sample in samples:
             sample["gold_score"] = task.gold_score(sample["prompt"], sample["response"])
 

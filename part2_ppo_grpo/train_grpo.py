@@ -1,14 +1,21 @@
-"""Stage `grpo`: align the SFT policy to the reward model with group-relative policy optimisation.
+"""Stage `grpo`: align the SFT policy to the reward model (or reward functions) with group-relative
+policy optimisation.
 
-    python part2_ppo_grpo/train_grpo.py --preset tiny
+    python part2_ppo_grpo/train_grpo.py --preset tiny [grpo.reward=rlhf.task:gold_rewards] [grpo.eval_every=4]
 
 Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, reference) and `<run>/reward/model/`
 (frozen reward model). Writes `<run>/grpo/model/` in Hugging Face format, samples.jsonl,
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
 `grpo.*` / `timing_s.grpo` in summary.json. Metric keys are defined in rlhf/rl.py.
 
+The training score comes from `grpo.reward` (rlhf/rewards.py): the reward model by default, or
+Python reward functions (DeepSeekMath's rule-based rewards; the embedded task's gold judge is
+`rlhf.task:gold_rewards`), or a weighted sum. The reward model is loaded either way: it scores
+every held-out evaluation. `grpo.eval_every` > 0 evaluates the policy on the held-out prompts along
+training as well, measuring its KL to the SFT policy even when training uses no reference.
+
 GRPO (DeepSeekMath, Shao et al. 2024, arXiv 2402.03300), with its variants as options:
-- sample G = `grpo.group_size` responses per prompt and score them with the reward model (a
+- sample G = `grpo.group_size` responses per prompt and score them with `grpo.reward` (a
   response without EOS loses `grpo.missing_eos_penalty`, as in PPO);
 - advantage of each response = (r - group mean) / (group std + eps), the same for all its tokens;
   `grpo.scale_rewards=false` drops the std division (Dr. GRPO, arXiv 2503.20783);
@@ -34,9 +41,10 @@ from rlhf.errors import UserError
 from rlhf.losses import grpo_loss
 from rlhf.models import load_policy, load_reward_model, load_tokenizer, position_ids_from_mask
 from rlhf.ops import group_advantages, masked_mean
+from rlhf.rewards import load_reward_source
 from rlhf.rl import (
-    append_samples, apply_missing_eos_penalty, check_context, check_frozen, check_grpo_config, context_size, eval_metrics,
-    evaluate_against_sft, frozen, frozen_digests, gold_metrics, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
+    append_samples, apply_missing_eos_penalty, check_context, check_frozen, check_grpo_config, context_size, eval_due, eval_metrics,
+    evaluate_against_sft, frozen, frozen_digests, gold_metrics, held_out_eval, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
     loop_costs, micro_batches, minibatch_indices, open_rl_logger, peak_memory_mb, plan_rl, publish_rl,
     response_metrics, save_rl_checkpoint, sequence_kl, set_cpu_threads, shifted_entropy, shifted_logprobs,
 )
@@ -46,6 +54,7 @@ from rlhf.training import build_optimizer, build_scheduler, make_accelerator, op
 CURVES = ["grpo/objective/scores", "grpo/gold/score_mean", "grpo/objective/kl", "grpo/objective/entropy", "grpo/objective/zero_std_groups",
           "grpo/responses/length_mean", "grpo/responses/eos_rate", "grpo/policy/clipfrac", "grpo/policy/approxkl",
           "grpo/policy/k3_kl", "grpo/responses/length_score_corr", "grpo/train/loss", "grpo/train/grad_norm"]
+EVAL_CURVES = ["grpo/eval/reward_mean", "grpo/eval/gold_score_mean", "grpo/eval/kl_to_ref"]  # drawn when grpo.eval_every > 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
     t_start = time.perf_counter()
 
-    # 1. Prompts and batch-size rules (whole groups per process), checked before any model is loaded.
+    # 1. Reward source, prompts and batch-size rules (whole groups per process), checked before any model is loaded.
+    reward_source = load_reward_source("grpo", gcfg.reward)
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("grpo", run, cfg, tokenizer, gcfg.eval_prompts)
@@ -69,24 +79,43 @@ def main(argv: list[str] | None = None) -> None:
     device, rank, G = accelerator.device, accelerator.process_index, gcfg.group_size
     set_cpu_threads("grpo", gcfg.cpu_threads, device)
 
-    # 2. Roles: a trainable policy and a frozen reward model; a frozen reference only when beta > 0.
+    # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
+    #    when functions give the training score); a frozen reference only when beta > 0. Without one,
+    #    periodic evaluation still needs the SFT policy to measure KL against.
     policy = load_policy(run.model_dir("sft"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
     reference = frozen(load_policy(run.model_dir("sft")), device) if gcfg.kl_coef > 0 else None
-    frozen_roles = {"reward": reward_model, "reference": reference}
+    eval_reference = reference if reference is not None or gcfg.eval_every == 0 else frozen(load_policy(run.model_dir("sft")), device)
+    frozen_roles = {"reward": reward_model, "reference": reference, "eval_reference": eval_reference if reference is None else None}
     frozen_before = frozen_digests(frozen_roles)
     optimizer = build_optimizer(policy, gcfg)
     scheduler = build_scheduler(optimizer, gcfg, plan.optimizer_steps)
     policy, optimizer = accelerator.prepare(policy, optimizer)
     accelerator.print(f"[grpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x G={G}; policy "
                       f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; reference "
-                      f"{'loaded' if reference is not None else 'not loaded (kl_coef=0)'}")
+                      f"{'loaded' if reference is not None else 'not loaded (kl_coef=0)'}"
+                      f"{'; SFT policy loaded for evaluation' if reference is None and eval_reference is not None else ''}")
 
     # 3. Resume from the last checkpoint written for this same config, if any.
     state = load_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, plan.iterations)
     iteration = resumed_from = 0 if state is None else state["iteration"]
     logger = open_rl_logger("grpo", run, cfg, accelerator, iteration, plan.iterations)
+
+    eval_s = 0.0  # seconds of held-out evaluation inside the loop, left out of its per-sample cost
+
+    def evaluate_now() -> dict[str, float]:
+        """The current policy on the held-out prompts (RM score, gold score, KL to SFT), logged as grpo/eval/*."""
+        nonlocal eval_s
+        started = time.perf_counter()
+        measured = held_out_eval("grpo", accelerator.unwrap_model(policy), eval_reference, reward_model, tokenizer, prompts, sampling,
+                                 cfg.run.seed, gcfg.forward_batch_size, accelerator, gold)
+        seconds = time.perf_counter() - started
+        eval_s += seconds
+        return {**measured, "grpo/time/eval_s": seconds}
+
     loop_start = time.perf_counter()
+    if iteration == 0 and eval_due(0, gcfg.eval_every, plan.iterations):
+        logger.log(0, evaluate_now())  # the SFT policy: the origin of the reward-vs-KL curve
     metrics: dict[str, float] = {}
 
     # 4. Iterations: G samples per prompt, group-relative advantages, clipped updates.
@@ -101,12 +130,15 @@ def main(argv: list[str] | None = None) -> None:
         mask = rollout.response_mask  # (N, T)
         t1 = time.perf_counter()
 
-        # 4b. No-grad passes: old log-probs (only off-policy), reference log-probs (only beta > 0), scores.
+        # 4b. No-grad passes: old log-probs (only off-policy), reference log-probs (only beta > 0), scores
+        #     (reward model only when the reward spec uses it; functions score the decoded text).
+        batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
         with accelerator.autocast():
             logprobs = None if on_policy else rollout_logprobs(policy, rollout, gcfg.temperature, gcfg.forward_batch_size)  # (N, T)
             ref_logprobs = None if reference is None else rollout_logprobs(reference, rollout, gcfg.temperature, gcfg.forward_batch_size)
-            rm_scores = score_rollout(reward_model, rollout, gcfg.forward_batch_size)  # (N,)
-        scores = apply_missing_eos_penalty(rm_scores, rollout.finished, gcfg.missing_eos_penalty)  # (N,)
+            rm_scores = score_rollout(reward_model, rollout, gcfg.forward_batch_size) if reward_source.uses_model else None  # (N,)
+        raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (N,), {term: (N,)}
+        scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, gcfg.missing_eos_penalty)  # (N,)
 
         # 4c. Group-relative advantages (DeepSeekMath section 4.1.2; Dr. GRPO without the std).
         advantages, zero_std = group_advantages(scores, G, scale=gcfg.scale_rewards)  # (N,), (N / G,)
@@ -158,9 +190,10 @@ def main(argv: list[str] | None = None) -> None:
             "objective/advantage_std": advantages.std() if advantages.numel() > 1 else torch.zeros(()),
             **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
+            **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }
         if gold:  # the gold judge on the training samples: over-optimisation shows here first
-            local.update(gold_metrics([prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)))
+            local.update(gold_metrics(batch_prompts, responses))
         if ref_logprobs is not None:
             local["objective/kl"] = sequence_kl(seen_logprobs, ref_logprobs, mask).mean()
         metrics = {f"grpo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item() for key, value in local.items()}
@@ -168,26 +201,28 @@ def main(argv: list[str] | None = None) -> None:
                         "grpo/time/train_s": t3 - t2, "grpo/memory/peak_mb": peak_memory_mb(device)[0],
                         "grpo/train/episodes": iteration * gcfg.batch_size})
         logger.log(iteration, metrics, postfix=("grpo/objective/scores", "grpo/objective/zero_std_groups"))
+        if eval_due(iteration, gcfg.eval_every, plan.iterations):  # before the checkpoint, so a resumed run has this row
+            logger.log(iteration, evaluate_now())
         if accelerator.is_main_process and gcfg.samples_every and (iteration % gcfg.samples_every == 0 or iteration == 1):
             n = gcfg.num_samples
-            append_samples(run.stage("grpo") / "samples.jsonl", iteration, [prompts.train_texts[i] for i in local_rows[:n]],
-                           rollout.texts(tokenizer)[:n], scores[:n].tolist(), rollout.finished[:n].tolist(), gold)
+            append_samples(run.stage("grpo") / "samples.jsonl", iteration, batch_prompts[:n], responses[:n], scores[:n].tolist(),
+                           rollout.finished[:n].tolist(), gold)
         if gcfg.save_every and iteration % gcfg.save_every == 0 and iteration < plan.iterations:
             save_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
     unwrapped = accelerator.unwrap_model(policy)
-    costs = loop_costs(time.perf_counter() - loop_start, (iteration - resumed_from) * gcfg.batch_size, device,
-                       [unwrapped, reward_model] + ([reference] if reference is not None else []), [optimizer])
+    costs = loop_costs(time.perf_counter() - loop_start - eval_s, (iteration - resumed_from) * gcfg.batch_size, device,
+                       [unwrapped, reward_model] + ([eval_reference] if eval_reference is not None else []), [optimizer])
     check_frozen("grpo", frozen_roles, frozen_before)
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both. The SFT
-    #    policy is loaded now if training ran without a reference (peak memory was read above).
-    sft_policy = reference if reference is not None else frozen(load_policy(run.model_dir("sft")), device)
+    #    policy is loaded now if nothing loaded it yet (peak memory was read above).
+    sft_policy = eval_reference if eval_reference is not None else frozen(load_policy(run.model_dir("sft")), device)
     results, eval_samples = evaluate_against_sft(unwrapped, sft_policy, reward_model, tokenizer, prompts, sampling, cfg.run.seed,
                                                  gcfg.forward_batch_size, accelerator, gold)
     trained = resumed_from < iteration
     results.update({
         "iterations": iteration, "episodes": iteration * gcfg.batch_size, "resumed_from_iteration": resumed_from,
-        "group_size": G, "reference_loaded_for_training": reference is not None,
+        "group_size": G, "reference_loaded_for_training": reference is not None, "reward_source": reward_source.spec,
         "train_score_mean": metrics.get("grpo/objective/scores") if trained else None,
         "train_zero_std_groups": metrics.get("grpo/objective/zero_std_groups") if trained else None,
         **costs, "frozen_roles_unchanged": True,
@@ -195,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     logger.log(iteration, eval_metrics("grpo", results))
 
     # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    publish_rl("grpo", run, cfg, accelerator, logger, unwrapped, tokenizer, results, eval_samples, CURVES, t_start)
+    publish_rl("grpo", run, cfg, accelerator, logger, unwrapped, tokenizer, results, eval_samples,
+               CURVES + (EVAL_CURVES if gcfg.eval_every else []), t_start)
 
 
 if __name__ == "__main__":

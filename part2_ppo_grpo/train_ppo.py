@@ -1,12 +1,17 @@
-"""Stage `ppo`: align the SFT policy to the reward model with PPO.
+"""Stage `ppo`: align the SFT policy to the reward model (or reward functions) with PPO.
 
-    python part2_ppo_grpo/train_ppo.py --preset tiny
+    python part2_ppo_grpo/train_ppo.py --preset tiny [ppo.reward=rlhf.task:gold_rewards] [ppo.eval_every=4]
 
 Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, frozen reference) and
 `<run>/reward/model/` (frozen reward model, critic init). Writes `<run>/ppo/model/` in Hugging
 Face format, samples.jsonl (training samples every `ppo.samples_every` iterations),
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
 `ppo.*` / `timing_s.ppo` in summary.json. Metric keys are defined in rlhf/rl.py.
+
+The training score comes from `ppo.reward` (rlhf/rewards.py): the reward model by default, or
+Python reward functions such as the embedded task's gold judge, or a weighted sum. The reward
+model is loaded either way: it initialises the critic and scores every held-out evaluation.
+`ppo.eval_every` > 0 evaluates the policy on the held-out prompts along training as well.
 
 Follows Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arXiv 2403.17031):
 - four roles: trainable policy and critic, frozen reference (SFT) and reward model; dropout off in all;
@@ -34,10 +39,11 @@ from rlhf.errors import UserError
 from rlhf.losses import ppo_policy_loss, ppo_value_loss
 from rlhf.models import PolicyAndValue, load_policy, load_reward_model, load_tokenizer, value_model_from_reward
 from rlhf.ops import explained_variance, gae_advantages, masked_mean, masked_whiten
+from rlhf.rewards import load_reward_source
 from rlhf.rl import (
     align_values, append_samples, apply_missing_eos_penalty, build_ppo_optimizer, check_context, check_frozen, check_ppo_config,
-    context_size, eval_metrics, evaluate_against_sft, frozen, frozen_digests, gold_metrics, load_rl_checkpoint, load_rl_prompts,
-    local_prompt_rows, loop_costs, make_kl_controller, micro_batches, minibatch_indices, open_rl_logger,
+    context_size, eval_due, eval_metrics, evaluate_against_sft, frozen, frozen_digests, gold_metrics, held_out_eval, load_rl_checkpoint,
+    load_rl_prompts, local_prompt_rows, loop_costs, make_kl_controller, micro_batches, minibatch_indices, open_rl_logger,
     peak_memory_mb, plan_rl, publish_rl, response_metrics, save_rl_checkpoint, sequence_kl, set_cpu_threads, shape_rewards,
     shifted_entropy, shifted_logprobs,
 )
@@ -47,6 +53,7 @@ from rlhf.training import build_scheduler, make_accelerator, optimizer_step
 CURVES = ["ppo/objective/scores", "ppo/gold/score_mean", "ppo/objective/rlhf_reward", "ppo/objective/kl", "ppo/objective/entropy",
           "ppo/responses/length_mean", "ppo/responses/eos_rate", "ppo/policy/clipfrac", "ppo/policy/approxkl",
           "ppo/val/explained_variance", "ppo/val/loss", "ppo/objective/kl_coef", "ppo/responses/length_score_corr"]
+EVAL_CURVES = ["ppo/eval/reward_mean", "ppo/eval/gold_score_mean", "ppo/eval/kl_to_ref"]  # drawn when ppo.eval_every > 0
 
 
 def policy_and_values(model, rollout, temperature: float, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
     t_start = time.perf_counter()
 
-    # 1. Prompts and batch-size rules, checked before any model is loaded.
+    # 1. Reward source, prompts and batch-size rules, checked before any model is loaded.
+    reward_source = load_reward_source("ppo", pcfg.reward)
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("ppo", run, cfg, tokenizer, pcfg.eval_prompts)
@@ -103,7 +111,22 @@ def main(argv: list[str] | None = None) -> None:
     if state is not None:
         kl_controller.value = state["kl_coef"]
     logger = open_rl_logger("ppo", run, cfg, accelerator, iteration, plan.iterations)
+
+    eval_s = 0.0  # seconds of held-out evaluation inside the loop, left out of its per-sample cost
+
+    def evaluate_now() -> dict[str, float]:
+        """The current policy on the held-out prompts (RM score, gold score, KL to SFT), logged as ppo/eval/*."""
+        nonlocal eval_s
+        started = time.perf_counter()
+        measured = held_out_eval("ppo", accelerator.unwrap_model(model).policy, reference, reward_model, tokenizer, prompts, sampling,
+                                 cfg.run.seed, pcfg.forward_batch_size, accelerator, gold)
+        seconds = time.perf_counter() - started
+        eval_s += seconds
+        return {**measured, "ppo/time/eval_s": seconds}
+
     loop_start = time.perf_counter()
+    if iteration == 0 and eval_due(0, pcfg.eval_every, plan.iterations):
+        logger.log(0, evaluate_now())  # the SFT policy: the origin of the reward-vs-KL curve
     metrics: dict[str, float] = {}
 
     # 4. Iterations: sample, score, shape rewards, estimate advantages, optimise.
@@ -118,12 +141,15 @@ def main(argv: list[str] | None = None) -> None:
         mask = rollout.response_mask  # (B, T)
         t1 = time.perf_counter()
 
-        # 4b. No-grad passes in large chunks: policy log-probs and values, reference log-probs, scores.
+        # 4b. No-grad passes in large chunks: policy log-probs and values, reference log-probs, scores
+        #     (reward model only when the reward spec uses it; functions score the decoded text).
+        batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
         with accelerator.autocast():
             logprobs, values = policy_and_values(model, rollout, pcfg.temperature, pcfg.forward_batch_size)  # (B, T) each
             ref_logprobs = rollout_logprobs(reference, rollout, pcfg.temperature, pcfg.forward_batch_size)  # (B, T)
-            rm_scores = score_rollout(reward_model, rollout, pcfg.forward_batch_size)  # (B,)
-        scores = apply_missing_eos_penalty(rm_scores, rollout.finished, pcfg.missing_eos_penalty)  # (B,)
+            rm_scores = score_rollout(reward_model, rollout, pcfg.forward_batch_size) if reward_source.uses_model else None  # (B,)
+        raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (B,), {term: (B,)}
+        scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, pcfg.missing_eos_penalty)  # (B,)
 
         # 4c. Per-token rewards (KL penalty + score at the last token), GAE, whitened advantages.
         kl_coef = kl_controller.value
@@ -190,22 +216,25 @@ def main(argv: list[str] | None = None) -> None:
             "objective/rlhf_reward": (scores + non_score).mean(), "val/explained_variance": explained_variance(values, returns, mask),
             **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
+            **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }
         if gold:  # the gold judge on the training samples: over-optimisation shows here first
-            local.update(gold_metrics([prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)))
+            local.update(gold_metrics(batch_prompts, responses))
         metrics = {f"ppo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item() for key, value in local.items()}
         metrics.update({"ppo/objective/kl_coef": kl_coef, "ppo/policy/kl_stopped": float(kl_stopped), "ppo/train/lr": scheduler.get_last_lr()[0],
                         "ppo/time/generate_s": t1 - t0, "ppo/time/score_s": t2 - t1, "ppo/time/train_s": t3 - t2,
                         "ppo/memory/peak_mb": peak_memory_mb(device)[0], "ppo/train/episodes": iteration * pcfg.batch_size})
         logger.log(iteration, metrics, postfix=("ppo/objective/scores", "ppo/objective/kl"))
+        if eval_due(iteration, pcfg.eval_every, plan.iterations):  # before the checkpoint, so a resumed run has this row
+            logger.log(iteration, evaluate_now())
         if accelerator.is_main_process and pcfg.samples_every and (iteration % pcfg.samples_every == 0 or iteration == 1):
             n = pcfg.num_samples
-            append_samples(run.stage("ppo") / "samples.jsonl", iteration, [prompts.train_texts[i] for i in local_rows[:n]],
-                           rollout.texts(tokenizer)[:n], scores[:n].tolist(), rollout.finished[:n].tolist(), gold)
+            append_samples(run.stage("ppo") / "samples.jsonl", iteration, batch_prompts[:n], responses[:n], scores[:n].tolist(),
+                           rollout.finished[:n].tolist(), gold)
         if pcfg.save_every and iteration % pcfg.save_every == 0 and iteration < plan.iterations:
             save_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, scheduler, iteration, kl_coef=kl_controller.value)
     unwrapped = accelerator.unwrap_model(model)
-    costs = loop_costs(time.perf_counter() - loop_start, (iteration - resumed_from) * pcfg.batch_size, device,
+    costs = loop_costs(time.perf_counter() - loop_start - eval_s, (iteration - resumed_from) * pcfg.batch_size, device,
                        [unwrapped, reference, reward_model], [optimizer])
     check_frozen("ppo", frozen_roles, frozen_before)
 
@@ -217,12 +246,13 @@ def main(argv: list[str] | None = None) -> None:
         "iterations": iteration, "episodes": iteration * pcfg.batch_size, "resumed_from_iteration": resumed_from,
         "final_kl_coef": kl_controller.value, "train_score_mean": metrics["ppo/objective/scores"] if trained else None,
         "train_kl": metrics["ppo/objective/kl"] if trained else None,
-        **costs, "frozen_roles_unchanged": True, "value_model": pcfg.value_model,
+        **costs, "frozen_roles_unchanged": True, "value_model": pcfg.value_model, "reward_source": reward_source.spec,
     })
     logger.log(iteration, eval_metrics("ppo", results))
 
     # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    publish_rl("ppo", run, cfg, accelerator, logger, unwrapped.policy, tokenizer, results, eval_samples, CURVES, t_start)
+    publish_rl("ppo", run, cfg, accelerator, logger, unwrapped.policy, tokenizer, results, eval_samples,
+               CURVES + (EVAL_CURVES if pcfg.eval_every else []), t_start)
 
 
 if __name__ == "__main__":

@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         scores = [task.gold_score(p, text) for p, (text, _) in zip(eval_prompts, policy_samples)]
         match = head_to_head(scores, sft_scores)
         return {"dpo/gold/score_mean": sum(scores) / len(scores),
-                "dpo/gold/good_rate": sum(s == 1.0 for s in scores) / len(scores),
+                "dpo/gold/good_rate": sum(map(task.is_good_score, scores)) / len(scores),
                 "dpo/gold/win_rate_vs_sft": match["win_rate"], "dpo/gold/wins_vs_sft": match["wins"],
                 "dpo/gold/losses_vs_sft": match["losses"], "dpo/gold/ties_vs_sft": match["ties"]}, scores
     if dcfg.precompute_ref:
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> None:
             sample.update(dpo_gold_score=dpo_score, sft_gold_score=sft_score)
         results.update({
             "gold_score_mean": gold["dpo/gold/score_mean"], "sft_gold_score_mean": sum(sft_scores) / len(sft_scores),
-            "gold_good_rate": gold["dpo/gold/good_rate"], "sft_gold_good_rate": sum(s == 1.0 for s in sft_scores) / len(sft_scores),
+            "gold_good_rate": gold["dpo/gold/good_rate"], "sft_gold_good_rate": sum(map(task.is_good_score, sft_scores)) / len(sft_scores),
             "win_rate_vs_sft": gold["dpo/gold/win_rate_vs_sft"], "wins_vs_sft": gold["dpo/gold/wins_vs_sft"],
             "losses_vs_sft": gold["dpo/gold/losses_vs_sft"], "ties_vs_sft": gold["dpo/gold/ties_vs_sft"],
             "n_eval_prompts": len(eval_prompts),

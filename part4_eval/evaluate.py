@@ -59,8 +59,7 @@ class Answers:
                   "kl_to_ref": kl_mean, "kl_to_ref_std": kl_std, "length_mean": mean_std(self.lengths)[0],
                   "eos_rate": sum(self.finished) / len(self.finished), "distinct_2": distinct_n(token_ids, 2)}
         if is_embedded:
-            result["gold_score_mean"] = mean_std([task.gold_score(p, t) for p, t in zip(self.prompts, self.texts)])[0]
-            result["gold_good_rate"] = sum(task.is_good(p, t) for p, t in zip(self.prompts, self.texts)) / len(self.prompts)
+            result.update(task.gold_summary(self.prompts, self.texts))
         return result
 
 

@@ -150,6 +150,8 @@ class RLConfig:
     samples_every: int = 10  # iterations between appends of generated samples to samples.jsonl; 0: never
     num_samples: int = 4  # rollouts (prompt, response, score) appended each time
     eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy, same seed and settings
+    eval_every: int = 0  # iterations between held-out evaluations of the policy (RM score, gold score, KL to SFT as <stage>/eval/*), plus one before training; 0: only the final one
+    reward: str = "model"  # training score (rlhf/rewards.py): "model" (the run's reward model), "package.module:function" (fn(prompts, responses) -> list[float], e.g. rlhf.task:gold_rewards), or a weighted sum "model + 0.5*package.module:function"
     cpu_threads: int = 0  # torch intra-op threads when running on CPU; 0: torch's default (one per core). 1 is far faster on a CPU shared with other jobs
 
 

@@ -228,3 +228,37 @@ def plot_stage_curves(histories: dict[str, list[dict]], keys: dict[str, list[str
     fig.suptitle("Training curves (x: optimizer step; PPO/GRPO: iteration)")
     _save(fig, path)
     return True
+
+
+def plot_overoptimization(curves: list[dict], path: Path) -> bool:
+    """Gao et al. 2022's over-optimisation figure: gold score (left) and proxy reward-model score
+    (right) against sqrt(KL to the initial policy), one line per curve.
+
+    curves: [{"label", "method", "reward", "points": [{"sqrt_kl", "proxy_score", "gold_score" (None off the
+    embedded task)}]}]. A method keeps one colour (best-of-N black); a policy trained on the gold
+    reward is dashed. False (and nothing written) when no curve has a point.
+    """
+    curves = [c for c in curves if c["points"]]
+    if not curves:
+        return False
+    panels = [("proxy_score", "proxy score (reward model, mean)")]
+    if any(p.get("gold_score") is not None for c in curves for p in c["points"]):
+        panels.insert(0, ("gold_score", "gold score (mean)"))
+    colours = {"best_of_n": "k"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.8 * len(panels), 4.4), squeeze=False)
+    for ax, (key, ylabel) in zip(axes[0], panels):
+        for curve in curves:
+            points = [p for p in curve["points"] if p.get(key) is not None]
+            if not points:
+                continue
+            colour = colours.setdefault(curve["method"], f"C{len(colours) - 1}")
+            ax.plot([p["sqrt_kl"] for p in points], [p[key] for p in points], color=colour, marker="o", markersize=3,
+                    linestyle="--" if curve["reward"] == "gold" else "-", label=curve["label"])
+        ax.set_xlabel("sqrt(KL to the SFT policy)  (nats^0.5)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best", handlelength=3)  # long enough to show the dashes
+    fig.suptitle("Reward over-optimisation (Gao et al. 2022): solid = optimised against the reward model, dashed = against gold",
+                 fontsize=9)
+    _save(fig, path)
+    return True

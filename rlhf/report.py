@@ -23,7 +23,7 @@ MODEL_ORDER = ("base", "sft", "ppo", "grpo", "dpo")  # then best_of_<N>, chosen,
 STAGE_LABELS = {"data": "data", "sft": "SFT", "reward": "reward model", "ppo": "PPO", "grpo": "GRPO", "dpo": "DPO",
                 "eval": "evaluation", "report": "report"}
 JUDGES = {
-    "gold": "the embedded task's exact gold judge (`rlhf/task.py`): the true quality of each response",
+    "gold": "the embedded task's exact gold judge (`rlhf/task/gold.py`): the true quality of each response",
     "reward": "the run's own reward model, used as a judge (the proxy the RL stages optimised)",
     "openai": "an OpenAI-compatible chat model, each pair judged in both orders at temperature 0",
 }
@@ -252,7 +252,7 @@ def section_intro(data: RunData) -> str:
     summary = data.summary
     source = _get(summary, "data.source")
     if source == "embedded":
-        source_text = ("the **embedded task** (`rlhf/task.py`): synthetic dialogues in Anthropic HH-RLHF's text format "
+        source_text = ("the **embedded task** (`rlhf/task/`): synthetic dialogues in Anthropic HH-RLHF's text format "
                        "whose preference labels come from a noisy, length-biased simulated annotator, and whose "
                        "*gold judge* scores any response exactly, so real quality gains can be measured")
     elif source:
@@ -565,6 +565,29 @@ def section_eval_models(data: RunData) -> str:
     return "\n".join(lines)
 
 
+def section_gold_breakdown(data: RunData) -> str:
+    """Gold good-rate by prompt family and by instruction, and how each model's failures split into
+    preference errors (what a reward model can see) and capability errors (a wrong answer)."""
+    models = eval_models(data.summary)
+    names = [m for m in order_models(models) if isinstance(models[m].get("gold_good_rate_by_family"), dict)]
+    if not names:
+        return ""
+    lines = ["## What each method fixed, by family", "",
+             "Gold good-rate on the held-out prompts by prompt family and by the prompt's explicit instruction "
+             "(`none`: no instruction). *Preference errors* are failures a preference can correct (harmful "
+             "compliance, over-refusal, hedging, evasion, rambling, repetition, no ending, an ignored instruction); "
+             "*capability errors* state a wrong answer (a wrong capital, sum or count), which a reward model that "
+             "knows no more than the policy cannot teach: the capability families (fact, arith, context) are the control.", ""]
+    for key, title in (("gold_good_rate_by_family", "family"), ("gold_good_rate_by_instruction", "instruction")):
+        groups = sorted({g for m in names for g in models[m][key]})
+        rows = [[model_label(m)] + [fmt(models[m][key].get(g)) for g in groups] for m in names]
+        lines += [f"By {title}:", "", markdown_table(["model"] + groups, rows), ""]
+    rows = [[model_label(m), fmt(models[m].get("gold_good_rate")), fmt((models[m].get("gold_failures") or {}).get("preference")),
+             fmt((models[m].get("gold_failures") or {}).get("capability"))] for m in names]
+    lines += [markdown_table(["model", "good", "preference errors", "capability errors"], rows)]
+    return "\n".join(lines)
+
+
 def section_win_rates(data: RunData) -> str:
     win_rates = _get(data.summary, "eval.win_rates", {}) or {}
     judges_info = _get(data.summary, "eval.judges", {}) or {}
@@ -778,7 +801,7 @@ def section_external(data: RunData) -> str:
 
 
 SECTIONS = (section_intro, section_headline, section_data, section_reward_model, section_training, section_eval_models,
-            section_win_rates, section_judge_agreement, section_best_of_n, section_figures, section_samples, section_suites,
+            section_gold_breakdown, section_win_rates, section_judge_agreement, section_best_of_n, section_figures, section_samples, section_suites,
             section_timing, section_external)
 
 

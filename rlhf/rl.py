@@ -8,7 +8,10 @@ rlhf.rollout for the layout), per-token tensors aligned with the token they belo
 
 Metrics (keys `<stage>/<group>/<name>`, stage `ppo` or `grpo`; one row per iteration)
 -----------------------------------------------------------------------------------------
-objective/scores            mean reward-model score of the batch, after the missing-EOS penalty
+objective/scores            mean training score of the batch (`<stage>.reward`: the reward model, functions, or a weighted
+                            sum; rlhf/rewards.py), after the missing-EOS penalty
+reward/<term>               mean unweighted score of each term of `<stage>.reward` before the penalty: reward/model for the
+                            reward model, reward/<function name> for a function
 objective/kl                mean over rollouts of the sequence KL estimate sum_t (log pi - log pi_ref)
                             (k1, at the sampling temperature; 0 when GRPO runs without a reference)
 objective/entropy           mean per-token entropy of the policy at the sampling temperature (training pass)
@@ -29,11 +32,21 @@ responses/length_mean       mean response length in tokens (EOS included)
 responses/eos_rate          fraction of responses that ended with EOS
 responses/unfinished        responses that never produced EOS within max_new_tokens (per process, mean over processes)
 responses/length_score_corr Pearson correlation of length and score over the batch (length hacking shows here)
-gold/score_mean, gold/good_rate   (embedded task) the gold judge on the batch's responses: mean score and share scoring 1
+gold/score_mean, gold/good_rate   (embedded task) the gold judge on the batch's responses: mean score and share rated good
 train/loss, train/grad_norm, train/lr   total loss, gradient norm before clipping, learning rate
 time/generate_s, time/score_s, time/train_s   wall seconds of the iteration's phases (score: all no-grad passes)
+time/eval_s                 wall seconds of a held-out evaluation (its own rows; not in the loop's time_per_sample_ms)
 time/tokens_per_s           generated response tokens per second of generation
 memory/peak_mb              peak memory so far: CUDA max allocated on GPU, max RSS of the process on CPU
+
+Held-out evaluation (keys `<stage>/eval/<name>`): every `eval_every` iterations and once before
+training (`held_out_eval`), and at the end (`evaluate_against_sft`, which adds the sft_* and
+head-to-head keys). The same val prompts, sampling settings and seed every time, so the rows draw
+reward against KL along training (Gao et al. 2022, arXiv 2210.10760).
+eval/reward_mean            mean reward-model score of the policy's held-out samples (no EOS penalty)
+eval/kl_to_ref              mean sequence KL sum_t (log pi - log pi_sft) over those samples (k1)
+eval/length_mean, eval/eos_rate   their mean length in tokens (EOS included) and share ending in EOS
+eval/gold_score_mean, eval/gold_good_rate   (embedded task) the gold judge on them
 """
 
 from __future__ import annotations
@@ -56,6 +69,7 @@ from rlhf.errors import UserError
 from rlhf.losses import GRPO_NORMALIZERS
 from rlhf.ops import entropy_from_logits, gather_logprobs, kl_k1, last_true_index, masked_sum, upcast
 from rlhf.plots import plot_training_curves
+from rlhf.rewards import load_reward_source
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
 from rlhf.run import RunDir, write_json_atomic
 from rlhf.tracking import MetricLogger
@@ -109,7 +123,15 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_s
                   iterations * rcfg.epochs * rcfg.num_minibatches)
 
 
+def check_rl_config(stage: str, rcfg: RLConfig) -> None:
+    """Rules both RL stages share: eval_every >= 0, and a reward spec that parses and imports."""
+    if rcfg.eval_every < 0:
+        raise UserError(f"{stage}.eval_every={rcfg.eval_every} must be >= 0 (0: only the final evaluation)")
+    load_reward_source(stage, rcfg.reward)
+
+
 def check_ppo_config(pcfg: PPOConfig) -> None:
+    check_rl_config("ppo", pcfg)
     if pcfg.value_model not in ("separate", "shared"):
         raise UserError(f"ppo.value_model must be 'separate' or 'shared', got '{pcfg.value_model}'")
     if pcfg.kl_coef < 0:
@@ -121,6 +143,7 @@ def check_ppo_config(pcfg: PPOConfig) -> None:
 
 
 def check_grpo_config(gcfg: GRPOConfig) -> None:
+    check_rl_config("grpo", gcfg)
     if gcfg.group_size < 1 or (gcfg.scale_rewards and gcfg.group_size < 2):
         raise UserError(f"grpo.group_size={gcfg.group_size} must be at least 2 (a group needs a spread of rewards)")
     if gcfg.loss_normalization not in GRPO_NORMALIZERS:
@@ -156,7 +179,7 @@ def check_gold_prompts(stage: str, prompts: list[str], source: str) -> None:
             task.parse_prompt(prompt)
         except ValueError:
             raise UserError(f"{stage}: {source} holds a prompt the gold judge cannot parse ({prompt.strip()[:80]!r}); it was written by "
-                            f"another version of rlhf/task.py: re-run the data stage with --force") from None
+                            f"another version of rlhf/task/: re-run the data stage with --force") from None
 
 
 @dataclass(frozen=True)
@@ -417,9 +440,9 @@ def response_metrics(response_lengths: Tensor, finished: Tensor, scores: Tensor,
 
 
 def gold_metrics(prompts: list[str], responses: list[str]) -> dict[str, Tensor]:
-    """The gold/* metrics of a batch on the embedded task: mean gold score and the share scoring 1."""
+    """The gold/* metrics of a batch on the embedded task: mean gold score and the share rated good (`task.is_good_score`)."""
     gold = torch.tensor(gold_scores(prompts, responses))
-    return {"gold/score_mean": gold.mean(), "gold/good_rate": (gold == 1.0).float().mean()}
+    return {"gold/score_mean": gold.mean(), "gold/good_rate": (gold >= task.GOOD_SCORE - 1e-9).float().mean()}
 
 
 def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor) -> Tensor:
@@ -537,39 +560,48 @@ def gold_scores(prompts: list[str], responses: list[str]) -> list[float]:
     return [task.gold_score(p, r) for p, r in zip(prompts, responses)]
 
 
-def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) -> dict:
-    """Summary of the final policy against the SFT policy on the same held-out prompts.
-
-    policy, sft: per-prompt lists {"responses", "rewards", "lengths", "finished"} (policy also
-    "kl"), sampled with the same settings and seed. With gold=True (embedded task) the gold judge
-    scores both and decides the head-to-head; the reward model's head-to-head is reported too.
-    """
-    n = len(prompts)
-
+def summarize_samples(prompts: list[str], samples: dict, gold: bool) -> dict:
+    """Means over one policy's held-out samples (`sample_for_eval`): reward_mean, kl_to_ref,
+    length_mean, eos_rate; with gold=True (embedded task) also gold_score_mean and gold_good_rate,
+    and the per-prompt gold scores are stored in samples["gold"]."""
     def mean(values):
         return sum(values) / len(values) if values else math.nan
 
+    summary = {"reward_mean": mean(samples["rewards"]), "kl_to_ref": mean(samples["kl"]), "length_mean": mean(samples["lengths"]),
+               "eos_rate": mean([float(f) for f in samples["finished"]])}
+    if gold:
+        samples["gold"] = gold_scores(prompts, samples["responses"])
+        summary.update(gold_score_mean=mean(samples["gold"]), gold_good_rate=mean([float(task.is_good_score(s)) for s in samples["gold"]]))
+    return summary
+
+
+def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) -> dict:
+    """Summary of the final policy against the SFT policy on the same held-out prompts.
+
+    policy, sft: per-prompt lists {"responses", "rewards", "lengths", "finished", "kl"}, sampled
+    with the same settings and seed. With gold=True (embedded task) the gold judge scores both and
+    decides the head-to-head; the reward model's head-to-head is reported too.
+    """
+    ours, theirs = summarize_samples(prompts, policy, gold), summarize_samples(prompts, sft, gold)
     results = {
-        "eval_prompts": n,
-        "reward_mean": mean(policy["rewards"]), "sft_reward_mean": mean(sft["rewards"]),
-        "length_mean": mean(policy["lengths"]), "sft_length_mean": mean(sft["lengths"]),
-        "eos_rate": mean([float(f) for f in policy["finished"]]), "sft_eos_rate": mean([float(f) for f in sft["finished"]]),
-        "kl_to_ref": mean(policy["kl"]),
+        "eval_prompts": len(prompts),
+        "reward_mean": ours["reward_mean"], "sft_reward_mean": theirs["reward_mean"],
+        "length_mean": ours["length_mean"], "sft_length_mean": theirs["length_mean"],
+        "eos_rate": ours["eos_rate"], "sft_eos_rate": theirs["eos_rate"],
+        "kl_to_ref": ours["kl_to_ref"],
     }
     results["reward_delta"] = results["reward_mean"] - results["sft_reward_mean"]
     reward_h2h = head_to_head(policy["rewards"], sft["rewards"])
     results["reward_win_rate_vs_sft"] = reward_h2h["win_rate"]
     if gold:
-        policy_gold, sft_gold = gold_scores(prompts, policy["responses"]), gold_scores(prompts, sft["responses"])
-        gold_h2h = head_to_head(policy_gold, sft_gold)
+        gold_h2h = head_to_head(policy["gold"], sft["gold"])
         results.update({
-            "gold_score_mean": mean(policy_gold), "sft_gold_score_mean": mean(sft_gold),
-            "gold_good_rate": mean([float(s == 1.0) for s in policy_gold]), "sft_gold_good_rate": mean([float(s == 1.0) for s in sft_gold]),
+            "gold_score_mean": ours["gold_score_mean"], "sft_gold_score_mean": theirs["gold_score_mean"],
+            "gold_good_rate": ours["gold_good_rate"], "sft_gold_good_rate": theirs["gold_good_rate"],
             "gold_win_rate_vs_sft": gold_h2h["win_rate"], "gold_wins": gold_h2h["wins"], "gold_losses": gold_h2h["losses"],
             "gold_ties": gold_h2h["ties"], "gold_win_rate_ci95": [gold_h2h["ci95_low"], gold_h2h["ci95_high"]],
         })
         results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
-        policy["gold"], sft["gold"] = policy_gold, sft_gold
     return results
 
 
@@ -583,6 +615,26 @@ def evaluate_against_sft(policy, sft_policy, reward_model, tokenizer, prompts: R
     sft_eval = sample_for_eval(sft_policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator)
     results = compare_with_sft(prompts.eval_texts, policy_eval, sft_eval, gold=gold)
     return results, eval_rows(prompts.eval_texts, policy_eval, sft_eval)
+
+
+def eval_due(iteration: int, eval_every: int, iterations: int) -> bool:
+    """Whether the policy after `iteration` iterations gets a held-out evaluation: at 0 (before
+    training) and every `eval_every`, but not after the last, which the final evaluation covers
+    with the same prompts, settings and seed (and logs under the same keys)."""
+    return eval_every > 0 and iteration % eval_every == 0 and iteration < iterations
+
+
+def held_out_eval(stage: str, policy, sft_policy, reward_model, tokenizer, prompts: RLPrompts, sampling: SamplingConfig, seed: int,
+                  batch_size: int, accelerator, gold: bool) -> dict[str, float]:
+    """The policy now, on the held-out prompts: `summarize_samples` as `<stage>/eval/*` metrics, with
+    the KL measured to the SFT policy. Sampled with the final evaluation's seed, inside a forked RNG,
+    so training continues on the random stream it would have had without this evaluation (the same
+    weights with or without eval_every, and a resumed run stays exact)."""
+    devices = [accelerator.device] if accelerator.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        samples = sample_for_eval(policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator,
+                                  reference=sft_policy)
+    return eval_metrics(stage, summarize_samples(prompts.eval_texts, samples, gold))
 
 
 def eval_metrics(stage: str, results: dict) -> dict[str, float]:

@@ -2,8 +2,9 @@
 
 Each stage runs once on a copy of the session's `tiny_run` (data -> sft -> reward); the tests then
 check behaviour: the reward-model score rose over SFT on held-out prompts, the frozen roles did
-not change while the policy did, the outputs are complete, a killed run resumes to the same
-weights, and bad batch sizes fail in one line before any model loads.
+not change while the policy did, the outputs are complete (held-out evaluations along training
+included), a killed run resumes to the same weights, a reward function (alone or summed with the
+reward model) is the training score, and bad settings fail in one line before any model loads.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ pytestmark = pytest.mark.slow
 FAST = {
     "ppo": ["ppo.total_episodes=256", "ppo.batch_size=32", "ppo.micro_batch_size=16", "ppo.forward_batch_size=64", "ppo.epochs=2",
             "ppo.lr=1e-4", "ppo.value_lr=1e-3", "ppo.max_new_tokens=24", "ppo.eval_prompts=64", "ppo.samples_every=4",
-            "ppo.save_every=0", "ppo.cpu_threads=1"],
+            "ppo.save_every=0", "ppo.cpu_threads=1", "ppo.eval_every=4"],
     "grpo": ["grpo.total_episodes=256", "grpo.batch_size=32", "grpo.group_size=4", "grpo.micro_batch_size=16",
              "grpo.forward_batch_size=64", "grpo.lr=1e-4", "grpo.max_new_tokens=24", "grpo.eval_prompts=64", "grpo.samples_every=4",
-             "grpo.save_every=0", "grpo.cpu_threads=1"],
+             "grpo.save_every=0", "grpo.cpu_threads=1", "grpo.eval_every=4"],
 }
 SCRIPTS = {"ppo": "part2_ppo_grpo/train_ppo.py", "grpo": "part2_ppo_grpo/train_grpo.py"}
 METRICS = {
@@ -46,7 +47,8 @@ METRICS = {
 }
 SUMMARY_KEYS = ["reward_mean", "sft_reward_mean", "kl_to_ref", "length_mean", "eos_rate", "time_per_sample_ms", "peak_memory_mb",
                 "peak_memory_source", "gold_score_mean", "sft_gold_score_mean", "gold_good_rate", "sft_gold_good_rate",
-                "gold_win_rate_vs_sft", "gold_wins", "gold_losses", "gold_ties", "eval_prompts", "iterations", "episodes"]
+                "gold_win_rate_vs_sft", "gold_wins", "gold_losses", "gold_ties", "eval_prompts", "iterations", "episodes", "reward_source"]
+EVAL_KEYS = ["reward_mean", "kl_to_ref", "gold_score_mean", "length_mean", "eos_rate"]
 
 
 def digest(folder: Path) -> dict[str, str]:
@@ -99,6 +101,12 @@ def test_outputs_metrics_and_summary_are_complete(rl_run, stage):
     assert len(rows) == summary[stage]["iterations"] == 256 // 32
     missing = [key for key in METRICS[stage] if f"{stage}/{key}" not in rows[-1]]
     assert not missing
+    assert summary[stage]["reward_source"] == "model"
+    # Held-out evaluations every 4 iterations and before training; the final one at iteration 8 (same prompts and seed).
+    evals = [row for row in metric_rows(run, stage) if f"{stage}/eval/kl_to_ref" in row]
+    assert [row["step"] for row in evals] == [0, 4, 8]
+    assert all(f"{stage}/eval/{key}" in row for row in evals for key in EVAL_KEYS)
+    assert evals[0][f"{stage}/eval/kl_to_ref"] == 0.0 and evals[-1][f"{stage}/eval/kl_to_ref"] == summary[stage]["kl_to_ref"]
     assert (run / stage / "curves.png").stat().st_size > 10_000
     samples = [json.loads(line) for line in (run / stage / "samples.jsonl").read_text().splitlines()]
     assert samples and {"prompt", "response", "score", "gold_score", "iteration"} <= set(samples[0])
@@ -109,15 +117,61 @@ def test_outputs_metrics_and_summary_are_complete(rl_run, stage):
     assert "gold win rate vs SFT" in outputs[stage].stdout
 
 
-def test_grpo_without_kl_never_loads_a_reference(rl_run, tmp_path):
+def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_evaluating(rl_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
     result = run_script(SCRIPTS["grpo"], run, *TINY_TEST_OVERRIDES, *FAST["grpo"], "grpo.kl_coef=0", "grpo.total_episodes=64",
-                        "grpo.eval_prompts=8", "grpo.loss_normalization=token", "grpo.scale_rewards=false", "grpo.clip_high=0.28")
-    assert "reference not loaded" in result.stdout
+                        "grpo.eval_prompts=8", "grpo.loss_normalization=token", "grpo.scale_rewards=false", "grpo.clip_high=0.28",
+                        "grpo.eval_every=1")
+    assert "reference not loaded (kl_coef=0); SFT policy loaded for evaluation" in result.stdout
     assert read_summary(run)["grpo"]["reference_loaded_for_training"] is False
     rows = [row for row in metric_rows(run, "grpo") if "grpo/objective/scores" in row]
     assert rows and "grpo/objective/kl" not in rows[-1] and rows[-1]["grpo/policy/k3_kl"] == 0.0
+    evals = [row for row in metric_rows(run, "grpo") if "grpo/eval/kl_to_ref" in row]
+    assert [row["step"] for row in evals] == [0, 1, 2] and evals[0]["grpo/eval/kl_to_ref"] == 0.0
+    assert evals[-1]["grpo/eval/kl_to_ref"] != 0.0  # the trained policy, measured against the SFT policy
+
+
+@pytest.mark.parametrize("stage, spec, model_weight, function_weight", [
+    ("grpo", "tests.reward_fixtures:constant_reward", 0.0, 1.0),
+    ("ppo", "model + 0.5*tests.reward_fixtures:constant_reward", 1.0, 0.5),
+])
+def test_a_reward_function_is_the_training_score(rl_run, tmp_path, stage, spec, model_weight, function_weight):
+    from rlhf.models import load_tokenizer
+    from reward_fixtures import CONSTANT
+
+    run = tmp_path / "run"
+    shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
+    calls = tmp_path / "calls.jsonl"
+    run_script(SCRIPTS[stage], run, *TINY_TEST_OVERRIDES, *FAST[stage], f"{stage}.reward={spec}", f"{stage}.total_episodes=64",
+               f"{stage}.eval_prompts=8", f"{stage}.eval_every=0", env={"RLHF_TEST_REWARD_LOG": str(calls)})
+    assert read_summary(run)[stage]["reward_source"] == spec
+    # The function saw each training batch once: prompts ending where the response starts, responses without EOS.
+    batches = [json.loads(line) for line in calls.read_text().splitlines()]
+    eos = load_tokenizer(run / "sft" / "model").eos_token
+    assert [len(b["responses"]) for b in batches] == [32, 32] and all(len(b["prompts"]) == 32 for b in batches)
+    assert all(p.endswith("\n\nAssistant:") for b in batches for p in b["prompts"])
+    assert not any(eos in r for b in batches for r in b["responses"])
+    # score = model_weight * RM + function_weight * CONSTANT - missing-EOS penalty (1.0) x share without EOS
+    rows = [row for row in metric_rows(run, stage) if f"{stage}/objective/scores" in row]
+    assert len(rows) == 2
+    for row in rows:
+        assert row[f"{stage}/reward/constant_reward"] == CONSTANT
+        rm = row.get(f"{stage}/reward/model", 0.0)
+        assert (f"{stage}/reward/model" in row) == (model_weight > 0)  # the RM scores training batches only when the spec uses it
+        expected = model_weight * rm + function_weight * CONSTANT - 1.0 * (1 - row[f"{stage}/responses/eos_rate"])
+        assert abs(row[f"{stage}/objective/scores"] - expected) < 1e-5, (row, expected)
+
+
+def test_a_reward_function_that_breaks_its_contract_stops_the_stage_in_one_line(rl_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
+    result = run_script(SCRIPTS["grpo"], run, *TINY_TEST_OVERRIDES, *FAST["grpo"], "grpo.reward=tests.reward_fixtures:wrong_count",
+                        "grpo.total_episodes=32", "grpo.eval_every=0", check=False)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert ("error: reward function 'tests.reward_fixtures:wrong_count' returned 31 scores for 32 responses; it must return one "
+            "float per response, in order\n") in result.stderr
+    assert not (run / "grpo" / "complete.json").exists()
 
 
 def test_killed_ppo_resumes_to_the_same_weights(rl_run, tmp_path):
@@ -152,6 +206,8 @@ def test_killed_ppo_resumes_to_the_same_weights(rl_run, tmp_path):
     ("ppo", ["ppo.batch_size=32", "ppo.micro_batch_size=12"], "not divisible by ppo.micro_batch_size=12"),
     ("ppo", ["ppo.max_new_tokens=500"], "exceeds the model's"),
     ("ppo", ["ppo.value_model=critic"], "ppo.value_model must be 'separate' or 'shared'"),
+    ("ppo", ["ppo.reward=tests.reward_fixtures:no_such_function"], "ppo.reward: module 'tests.reward_fixtures' has no function"),
+    ("grpo", ["grpo.reward=model + gold"], "grpo.reward: unknown reward source 'gold'"),
 ])
 def test_bad_batch_sizes_are_one_line_errors_before_any_model_loads(rl_run, tmp_path, stage, args, message):
     run = tmp_path / "run"

@@ -16,10 +16,10 @@ from rlhf.errors import UserError
 from rlhf.models import PolicyAndValue, disable_dropout, reward_scores, token_logprobs, value_model_from_reward
 from rlhf.rl import (
     AdaptiveKLController, FixedKLController, RLPlan, accumulation_weights, align_values, apply_missing_eos_penalty, check_context,
-    check_frozen, check_gold_prompts, check_grpo_config, check_ppo_config, compare_with_sft, eval_metrics, final_line,
-    frozen_digests, gold_metrics, head_to_head, iteration_prompts, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
+    check_frozen, check_gold_prompts, check_grpo_config, check_ppo_config, compare_with_sft, eval_due, eval_metrics, final_line,
+    frozen_digests, gold_metrics, head_to_head, held_out_eval, iteration_prompts, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
     loop_costs, make_kl_controller, micro_batches, minibatch_indices, pearson, plan_rl, response_metrics,
-    save_rl_checkpoint, sequence_kl, shape_rewards, shifted_entropy, shifted_logprobs, weights_digest,
+    save_rl_checkpoint, sequence_kl, shape_rewards, shifted_entropy, shifted_logprobs, summarize_samples, weights_digest,
 )
 from rlhf.run import RunDir
 
@@ -376,3 +376,61 @@ def test_eval_metrics_and_final_line_by_hand():
     results.update(gold_score_mean=0.5, sft_gold_score_mean=0.375, gold_win_rate_vs_sft=0.75)
     assert final_line("grpo", results) == ("[grpo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats; gold 0.500 (SFT 0.375), "
                                            "gold win rate vs SFT 0.750")
+
+
+# ---------------------------------------------------------------- held-out evaluation along training
+
+
+def test_eval_due_at_zero_and_every_k_but_not_at_the_end():
+    assert [i for i in range(9) if eval_due(i, 3, iterations=8)] == [0, 3, 6]  # 8: the final evaluation
+    assert [i for i in range(9) if eval_due(i, 4, iterations=8)] == [0, 4]
+    assert not any(eval_due(i, 0, iterations=8) for i in range(9))  # off
+
+
+def test_summarize_samples_by_hand():
+    prompts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: What is 2 plus 2?\n\nAssistant:"]
+    samples = {"responses": [" 3 plus 4 is 7.", " 2 plus 2 is 5."], "rewards": [1.0, -0.5], "lengths": [8, 6],
+               "finished": [True, False], "kl": [0.5, 1.5]}
+    assert summarize_samples(prompts, dict(samples), gold=False) == {"reward_mean": 0.25, "kl_to_ref": 1.0, "length_mean": 7.0,
+                                                                     "eos_rate": 0.5}
+    summary = summarize_samples(prompts, samples, gold=True)
+    gold = [task.gold_score(p, r) for p, r in zip(prompts, samples["responses"])]
+    assert samples["gold"] == gold and gold[0] == 1.0 and gold[1] < 1.0  # right; wrong
+    close(summary["gold_score_mean"], (gold[0] + gold[1]) / 2)
+    close(summary["gold_good_rate"], 0.5)
+
+
+def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
+    from rlhf.models import train_tokenizer
+    from rlhf.rl import RLPrompts
+    from rlhf.rollout import SamplingConfig
+
+    texts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.", "\n\nHuman: What is 2 plus 2?\n\nAssistant: 2 plus 2 is 4."]
+    tokenizer = train_tokenizer(texts * 10, vocab_size=300)
+    def config(**kwargs):
+        return GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2, pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **kwargs)
+
+    torch.manual_seed(0)
+    sft, reward = GPT2LMHeadModel(config()).eval(), GPT2ForSequenceClassification(config(num_labels=1)).eval()
+    policy = GPT2LMHeadModel(config()).eval()
+    policy.load_state_dict(sft.state_dict())
+    eval_texts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: What is 2 plus 2?\n\nAssistant:"]
+    ids = tokenizer(eval_texts, add_special_tokens=False)["input_ids"]
+    prompts = RLPrompts(eval_texts, eval_texts, ids, ids)
+    accelerator = SimpleNamespace(device=torch.device("cpu"), process_index=0, num_processes=1)
+    sampling = SamplingConfig(max_new_tokens=6, temperature=0.7)
+
+    def evaluate(model):
+        return held_out_eval("grpo", model, sft, reward, tokenizer, prompts, sampling, 3, 8, accelerator, gold=True)
+
+    rng = torch.get_rng_state()
+    at_start = evaluate(policy)
+    assert torch.equal(torch.get_rng_state(), rng)  # training samples what it would have without the evaluation
+    assert set(at_start) == {f"grpo/eval/{k}" for k in ("reward_mean", "kl_to_ref", "length_mean", "eos_rate", "gold_score_mean",
+                                                        "gold_good_rate")}
+    assert at_start["grpo/eval/kl_to_ref"] == 0.0  # the policy is still the SFT policy
+    with torch.no_grad():
+        policy.lm_head.weight.mul_(2.0)  # (tied to the embeddings) a sharper, different policy
+    moved = evaluate(policy)
+    assert moved["grpo/eval/kl_to_ref"] != 0.0 and moved == evaluate(policy)  # same seed each time
