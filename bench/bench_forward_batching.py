@@ -43,7 +43,9 @@ def main() -> None:
     lengths = [pair_length(p) for p in pairs]
 
     def score(batch_pairs):
-        batch = collate_pairs(batch_pairs, tokenizer.pad_token_id, cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)
+        batch = collate_pairs(
+            batch_pairs, tokenizer.pad_token_id, cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1
+        )
         return reward_scores(model, batch["input_ids"], batch["attention_mask"]).tolist()
 
     forward_map(score, pairs[:64], 32, OneProcess())  # warm-up
@@ -53,11 +55,17 @@ def main() -> None:
             start = time.perf_counter()
             forward_map(score, pairs, batch_size, OneProcess(), lengths=lengths if by_length else None)
             seconds[batch_size, by_length] = time.perf_counter() - start
-            print(f"batch {batch_size:4d}, {'length order' if by_length else 'input order '}: {seconds[batch_size, by_length]:6.2f} s")
+            print(
+                f"batch {batch_size:4d}, {'length order' if by_length else 'input order '}: "
+                f"{seconds[batch_size, by_length]:6.2f} s"
+            )
     baseline = seconds[max(seconds)[0], False]
-    print(f"{len(pairs)} pairs, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}; speed-up against input order "
-          f"at batch {max(seconds)[0]}: " + ", ".join(f"batch {b} {'length' if s else 'input'} {baseline / t:.2f}x"
-                                                      for (b, s), t in seconds.items()))
+    print(
+        f"{len(pairs)} pairs, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}; "
+        "speed-up against input order "
+        f"at batch {max(seconds)[0]}: "
+        + ", ".join(f"batch {b} {'length' if s else 'input'} {baseline / t:.2f}x" for (b, s), t in seconds.items())
+    )
 
 
 if __name__ == "__main__":

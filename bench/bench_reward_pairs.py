@@ -36,7 +36,9 @@ def main() -> None:
     run = Path(args.run)
     tokenizer = load_tokenizer(run / "sft" / "model")
     pairs = encode_pairs(tokenizer, read_jsonl(run / "data" / "train.jsonl"))
-    order = epoch_order([shared_prompt_pair_length(p) for p in pairs], seed=0, epoch=0, batch_size=args.batch, group_by_length=True)
+    order = epoch_order(
+        [shared_prompt_pair_length(p) for p in pairs], seed=0, epoch=0, batch_size=args.batch, group_by_length=True
+    )
     truncation = (tokenizer.pad_token_id, cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)
 
     def two_rows(model, batch_pairs):
@@ -53,7 +55,7 @@ def main() -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
         elapsed = 0.0
         for step in range(args.steps + 2):  # two warm-up steps
-            batch_pairs = [pairs[i] for i in order[step * args.batch:(step + 1) * args.batch]]
+            batch_pairs = [pairs[i] for i in order[step * args.batch : (step + 1) * args.batch]]
             start = time.perf_counter()
             chosen, rejected = rewards(model, batch_pairs)
             bradley_terry_loss(chosen, rejected)[0].backward()
@@ -64,8 +66,10 @@ def main() -> None:
         pairs_per_second[name] = args.steps * args.batch / elapsed
         print(f"{name:18s}: {pairs_per_second[name]:7.1f} pairs/s")
     ratio = pairs_per_second["shared prompt"] / pairs_per_second["two rows per pair"]
-    print(f"speed-up from the shared prompt: {ratio:.2f}x (batch {args.batch}, {torch.get_num_threads()} threads, "
-          f"{time.strftime('%Y-%m-%d')})")
+    print(
+        f"speed-up from the shared prompt: {ratio:.2f}x (batch {args.batch}, {torch.get_num_threads()} threads, "
+        f"{time.strftime('%Y-%m-%d')})"
+    )
 
 
 if __name__ == "__main__":

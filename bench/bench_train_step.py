@@ -27,11 +27,13 @@ def measure(model, examples, order, batch, steps, pad_id) -> float:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     real_tokens, elapsed = 0, 0.0
     for step in range(steps + 2):  # two warm-up steps
-        chunk = [examples[i] for i in order[step * batch:(step + 1) * batch]]
+        chunk = [examples[i] for i in order[step * batch : (step + 1) * batch]]
         prompts, responses = zip(*chunk)
         inputs = collate_sequences(list(prompts), list(responses), pad_id)
         start = time.perf_counter()
-        loss, _ = sft_loss(token_logprobs(model, inputs["input_ids"], inputs["attention_mask"]), inputs["response_mask"])
+        loss, _ = sft_loss(
+            token_logprobs(model, inputs["input_ids"], inputs["attention_mask"]), inputs["response_mask"]
+        )
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -52,7 +54,12 @@ def main() -> None:
     run = Path(args.run)
     tokenizer = load_tokenizer(run / "data" / "tokenizer")
     rows = read_jsonl(run / "data" / "train.jsonl")
-    examples = list(zip(encode_texts(tokenizer, [r["prompt"] for r in rows]), encode_responses(tokenizer, [r["chosen"] for r in rows])))
+    examples = list(
+        zip(
+            encode_texts(tokenizer, [r["prompt"] for r in rows]),
+            encode_responses(tokenizer, [r["chosen"] for r in rows]),
+        )
+    )
     lengths = [len(p) + len(r) for p, r in examples]
     torch.manual_seed(0)
     model = build_policy(cfg.model, tokenizer)
@@ -61,8 +68,10 @@ def main() -> None:
         order = epoch_order(lengths, seed=0, epoch=0, batch_size=args.batch, group_by_length=grouped)
         results[grouped] = measure(model, examples, order, args.batch, args.steps, tokenizer.pad_token_id)
         print(f"group_by_length={grouped}: {results[grouped]:,.0f} real tokens/s")
-    print(f"speed-up from length grouping: {results[True] / results[False]:.2f}x "
-          f"({torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})")
+    print(
+        f"speed-up from length grouping: {results[True] / results[False]:.2f}x "
+        f"({torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')})"
+    )
 
 
 if __name__ == "__main__":

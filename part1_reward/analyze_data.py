@@ -38,7 +38,9 @@ def embedded_raw_splits(cfg) -> dict[str, list[dict]]:
     """The embedded task's HH-format rows, generated deterministically from its seed."""
     spec = cfg.data.embedded
     return {
-        split: task.generate_split(split, n, seed=spec.seed, annotator_noise=spec.annotator_noise, length_bias=spec.length_bias)
+        split: task.generate_split(
+            split, n, seed=spec.seed, annotator_noise=spec.annotator_noise, length_bias=spec.length_bias
+        )
         for split, n in (("train", spec.n_train_pairs), ("test", spec.n_test_pairs))
     }
 
@@ -103,8 +105,10 @@ def main(argv: list[str] | None = None) -> None:
     if not kept["train"]:
         counts = count_reasons(reasons["train"])
         worst = max(counts, key=counts.get)
-        raise UserError(f"data.path '{cfg.data.path}': no usable training pairs among {len(raw_splits['train'])} rows "
-                        f"({counts[worst]} {worst}: {DROP_HINTS[worst]})")
+        raise UserError(
+            f"data.path '{cfg.data.path}': no usable training pairs among {len(raw_splits['train'])} rows "
+            f"({counts[worst]} {worst}: {DROP_HINTS[worst]})"
+        )
 
     # 3. The tokenizer every later stage uses: trained on train text offline, else the model's own.
     if cfg.tokenizer.train_from_data:
@@ -129,13 +133,19 @@ def main(argv: list[str] | None = None) -> None:
             splits[target].append(row)
             for key, value in (("prompt", p_len), ("chosen", c_len), ("rejected", r_len)):
                 lengths[target][key].append(value)
-    for name, cap in (("train", cfg.data.max_train_pairs), ("val", cfg.data.max_eval_pairs), ("test", cfg.data.max_eval_pairs)):
+    for name, cap in (
+        ("train", cfg.data.max_train_pairs),
+        ("val", cfg.data.max_eval_pairs),
+        ("test", cfg.data.max_eval_pairs),
+    ):
         if cap is not None:
             splits[name] = splits[name][:cap]
             lengths[name] = {key: values[:cap] for key, values in lengths[name].items()}
     for name in ("train", "val"):
         if not splits[name]:
-            raise UserError(f"the {name} split is empty after filtering; relax data.max_*_tokens or change data.val_fraction")
+            raise UserError(
+                f"the {name} split is empty after filtering; relax data.max_*_tokens or change data.val_fraction"
+            )
 
     # 5. Statistics: the edge-case table, lengths and length bias, and the embedded task's ceiling.
     drops = {split: count_reasons(r) for split, r in reasons.items()}
@@ -169,12 +179,21 @@ def main(argv: list[str] | None = None) -> None:
     run.mark_complete("data", cfg, {"n_pairs": stats["n_pairs"]})
 
     table = "  ".join(f"{reason}={stats['dropped'][reason]}" for reason in DROP_REASONS)
-    print(f"[data] pairs train/val/test = {stats['n_pairs']['train']}/{stats['n_pairs']['val']}/{stats['n_pairs']['test']}; dropped: {table}")
+    print(
+        f"[data] pairs train/val/test = "
+        f"{stats['n_pairs']['train']}/{stats['n_pairs']['val']}/{stats['n_pairs']['test']}; dropped: {table}"
+    )
     train_len = stats["lengths"]["train"]
-    print(f"[data] train chosen {train_len['chosen_tokens_mean']:.1f}±{train_len['chosen_tokens_std']:.1f} tokens, "
-          f"rejected {train_len['rejected_tokens_mean']:.1f}±{train_len['rejected_tokens_std']:.1f}; chosen longer in {train_len['chosen_longer_fraction']:.1%}")
+    print(
+        f"[data] train chosen {train_len['chosen_tokens_mean']:.1f}±{train_len['chosen_tokens_std']:.1f} tokens, "
+        f"rejected {train_len['rejected_tokens_mean']:.1f}±{train_len['rejected_tokens_std']:.1f}; "
+        f"chosen longer in {train_len['chosen_longer_fraction']:.1%}"
+    )
     if "embedded" in stats:
-        print(f"[data] embedded task: noise ceiling (test) {stats['embedded']['noise_ceiling'].get('test', float('nan')):.3f}")
+        print(
+            "[data] embedded task: noise ceiling (test) "
+            f"{stats['embedded']['noise_ceiling'].get('test', float('nan')):.3f}"
+        )
 
 
 if __name__ == "__main__":

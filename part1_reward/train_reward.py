@@ -21,8 +21,15 @@ from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 from rlhf.losses import bradley_terry_loss, logprob_distillation_loss
-from rlhf.models import (REWARD_CONFIG_FILE, SharedPromptPairRewards, build_reward_model, fold_reward_offset, load_policy, load_tokenizer,
-                         shared_prompt_response_logprobs)
+from rlhf.models import (
+    REWARD_CONFIG_FILE,
+    SharedPromptPairRewards,
+    build_reward_model,
+    fold_reward_offset,
+    load_policy,
+    load_tokenizer,
+    shared_prompt_response_logprobs,
+)
 from rlhf.plots import plot_reward_distributions, plot_training_curves
 from rlhf.reward_analysis import accuracy_by_group, error_analysis, pearson
 from rlhf.run import write_json_atomic
@@ -52,8 +59,13 @@ def main(argv: list[str] | None = None) -> None:
     pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
 
     def collate(batch_pairs, response_values=None):
-        return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, cfg.data.max_prompt_tokens,
-                                           cfg.data.max_response_tokens + 1, response_values)
+        return collate_shared_prompt_pairs(
+            batch_pairs,
+            tokenizer.pad_token_id,
+            cfg.data.max_prompt_tokens,
+            cfg.data.max_response_tokens + 1,
+            response_values,
+        )
 
     def score_pairs(pairwise, split_pairs) -> list[tuple[float, float]]:
         def score(batch_pairs):
@@ -61,7 +73,13 @@ def main(argv: list[str] | None = None) -> None:
             return list(zip(chosen.tolist(), rejected.tolist()))
 
         pairwise.eval()
-        return forward_map(score, split_pairs, cfg.reward.eval_batch_size, accelerator, lengths=[shared_prompt_pair_length(p) for p in split_pairs])
+        return forward_map(
+            score,
+            split_pairs,
+            cfg.reward.eval_batch_size,
+            accelerator,
+            lengths=[shared_prompt_pair_length(p) for p in split_pairs],
+        )
 
     # 2. Optional distillation targets: the SFT policy's log-prob of every training response token,
     #    standardised over the training set (one forward-only pass before training).
@@ -73,13 +91,24 @@ def main(argv: list[str] | None = None) -> None:
         def response_logprobs(batch_pairs):
             batch = {k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()}
             logprobs = shared_prompt_response_logprobs(policy, batch)  # (B, T)
-            return [(row[c & ~r].cpu(), row[r & ~c].cpu()) for row, c, r in zip(logprobs, batch["chosen_mask"], batch["rejected_mask"])]
+            return [
+                (row[c & ~r].cpu(), row[r & ~c].cpu())
+                for row, c, r in zip(logprobs, batch["chosen_mask"], batch["rejected_mask"])
+            ]
 
-        targets = forward_map(response_logprobs, pairs["train"], cfg.reward.eval_batch_size, accelerator,
-                              lengths=[shared_prompt_pair_length(p) for p in pairs["train"]])
+        targets = forward_map(
+            response_logprobs,
+            pairs["train"],
+            cfg.reward.eval_batch_size,
+            accelerator,
+            lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
+        )
         every_logprob = torch.cat([values for pair_targets in targets for values in pair_targets])
         mean, std = every_logprob.mean(), every_logprob.std().clamp(min=1e-6)
-        train_examples = [(pair, ((chosen - mean) / std, (rejected - mean) / std)) for pair, (chosen, rejected) in zip(pairs["train"], targets)]
+        train_examples = [
+            (pair, ((chosen - mean) / std, (rejected - mean) / std))
+            for pair, (chosen, rejected) in zip(pairs["train"], targets)
+        ]
         del policy
 
     def collate_train(batch):
@@ -104,10 +133,23 @@ def main(argv: list[str] | None = None) -> None:
         scores = score_pairs(pairwise, pairs["val"])
         return {"reward/val/accuracy": sum(c > r for c, r in scores) / len(scores)}
 
-    logger = MetricLogger("reward", run.stage("reward"), run.tensorboard_dir("reward"), cfg, enabled=accelerator.is_main_process)
-    pairwise, loop = fit(stage="reward", tcfg=cfg.reward, cfg=cfg, run=run, accelerator=accelerator, model=pairwise,
-                         examples=train_examples, lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
-                         collate=collate_train, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
+    logger = MetricLogger(
+        "reward", run.stage("reward"), run.tensorboard_dir("reward"), cfg, enabled=accelerator.is_main_process
+    )
+    pairwise, loop = fit(
+        stage="reward",
+        tcfg=cfg.reward,
+        cfg=cfg,
+        run=run,
+        accelerator=accelerator,
+        model=pairwise,
+        examples=train_examples,
+        lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
+        collate=collate_train,
+        loss_fn=loss_fn,
+        evaluate=evaluate,
+        logger=logger,
+    )
     model = pairwise.reward_model
 
     # 4. Score the held-out pairs, then normalise (Huang et al. 2024): the reference responses, SFT
@@ -139,20 +181,43 @@ def main(argv: list[str] | None = None) -> None:
         results[f"{split}_rejected_reward_mean"] = statistics.fmean(r for _, r in scores)
         analysis[split] = error_analysis(rows[split], pairs[split], scores, cfg.reward.error_examples)
         if accelerator.is_main_process:
-            plot_reward_distributions([c for c, _ in scores], [r for _, r in scores], run.stage("reward") / f"rewards_{split}.png",
-                                      f"reward model on {split}: accuracy {results[f'{split}_accuracy']:.3f}")
-    logger.log(loop["steps"], {f"reward/{k.split('_', 1)[0]}/{k.split('_', 1)[1]}": v for k, v in results.items()
-                               if k.startswith(("val_", "test_"))})
+            plot_reward_distributions(
+                [c for c, _ in scores],
+                [r for _, r in scores],
+                run.stage("reward") / f"rewards_{split}.png",
+                f"reward model on {split}: accuracy {results[f'{split}_accuracy']:.3f}",
+            )
+    logger.log(
+        loop["steps"],
+        {
+            f"reward/{k.split('_', 1)[0]}/{k.split('_', 1)[1]}": v
+            for k, v in results.items()
+            if k.startswith(("val_", "test_"))
+        },
+    )
 
     # 6. Publish the model (AutoModelForSequenceClassification-loadable), analysis, summary.
     if accelerator.is_main_process:
-        reward_info = {"pooling": cfg.reward.pooling, "head_hidden": cfg.reward.head_hidden,
-                       "offset": offset, "offset_not_folded": not_folded}
+        reward_info = {
+            "pooling": cfg.reward.pooling,
+            "head_hidden": cfg.reward.head_hidden,
+            "offset": offset,
+            "offset_not_folded": not_folded,
+        }
         save_pretrained_atomic(model, tokenizer, run.model_dir("reward"), extra_json={REWARD_CONFIG_FILE: reward_info})
         write_json_atomic(run.stage("reward") / "error_analysis.json", analysis)
-        plot_training_curves(logger.history, ["reward/train/loss", "reward/train/accuracy", "reward/val/accuracy",
-                                              "reward/train/margin_mean", "reward/train/lr"], run.stage("reward") / "curves.png",
-                             "Reward model")
+        plot_training_curves(
+            logger.history,
+            [
+                "reward/train/loss",
+                "reward/train/accuracy",
+                "reward/val/accuracy",
+                "reward/train/margin_mean",
+                "reward/train/lr",
+            ],
+            run.stage("reward") / "curves.png",
+            "Reward model",
+        )
         results["error_counts"] = {split: a["counts"] for split, a in analysis.items()}
         if by_family:
             results["gold_accuracy_by_family"] = by_family
@@ -160,8 +225,10 @@ def main(argv: list[str] | None = None) -> None:
         run.mark_complete("reward", cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()
-    accelerator.print(f"[reward] accuracy val {results['val_accuracy']:.3f} test {results.get('test_accuracy', float('nan')):.3f}"
-                      + (f" (vs gold {results['test_gold_accuracy']:.3f})" if "test_gold_accuracy" in results else ""))
+    accelerator.print(
+        f"[reward] accuracy val {results['val_accuracy']:.3f} test {results.get('test_accuracy', float('nan')):.3f}"
+        + (f" (vs gold {results['test_gold_accuracy']:.3f})" if "test_gold_accuracy" in results else "")
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from rlhf.ops import masked_sum
 from rlhf.plots import plot_training_curves
 from rlhf.rollout import SamplingConfig, sample_responses
 from rlhf.tracking import MetricLogger
-from rlhf.training import forward_map, fit, make_accelerator
+from rlhf.training import fit, forward_map, make_accelerator
 
 
 def encode_demonstrations(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
@@ -35,6 +35,7 @@ def encode_demonstrations(tokenizer, rows: list[dict]) -> list[tuple[list[int], 
 
 def validation_nll(model, examples, collate, batch_size, accelerator) -> float:
     """Token-weighted mean NLL over all validation response tokens."""
+
     def nll_and_count(batch_examples):
         batch = {k: v.to(accelerator.device) for k, v in collate(batch_examples).items()}
         logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"])
@@ -42,7 +43,9 @@ def validation_nll(model, examples, collate, batch_size, accelerator) -> float:
         return list(zip(nll.tolist(), batch["response_mask"].sum(1).tolist()))
 
     model.eval()
-    results = forward_map(nll_and_count, examples, batch_size, accelerator, lengths=[len(p) + len(r) for p, r in examples])
+    results = forward_map(
+        nll_and_count, examples, batch_size, accelerator, lengths=[len(p) + len(r) for p, r in examples]
+    )
     return sum(n for n, _ in results) / sum(c for _, c in results)
 
 
@@ -63,12 +66,19 @@ def main(argv: list[str] | None = None) -> None:
 
     def collate(batch_examples):
         prompts, responses = zip(*batch_examples)
-        return collate_sequences(list(prompts), list(responses), tokenizer.pad_token_id,
-                                 cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)
+        return collate_sequences(
+            list(prompts),
+            list(responses),
+            tokenizer.pad_token_id,
+            cfg.data.max_prompt_tokens,
+            cfg.data.max_response_tokens + 1,
+        )
 
     # 2. Policy: pretrained, or the architecture with random weights; dropout off.
     model = build_policy(cfg.model, tokenizer)
-    accelerator.print(f"[sft] policy: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters")
+    accelerator.print(
+        f"[sft] policy: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
+    )
 
     # 3. Train on response tokens only.
     def loss_fn(model, batch):
@@ -80,16 +90,32 @@ def main(argv: list[str] | None = None) -> None:
         return {"sft/val/loss": nll, "sft/val/perplexity": math.exp(nll)}
 
     logger = MetricLogger("sft", run.stage("sft"), run.tensorboard_dir("sft"), cfg, enabled=accelerator.is_main_process)
-    model, loop = fit(stage="sft", tcfg=cfg.sft, cfg=cfg, run=run, accelerator=accelerator, model=model,
-                      examples=train_examples, lengths=[len(p) + len(r) for p, r in train_examples], collate=collate, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
+    model, loop = fit(
+        stage="sft",
+        tcfg=cfg.sft,
+        cfg=cfg,
+        run=run,
+        accelerator=accelerator,
+        model=model,
+        examples=train_examples,
+        lengths=[len(p) + len(r) for p, r in train_examples],
+        collate=collate,
+        loss_fn=loss_fn,
+        evaluate=evaluate,
+        logger=logger,
+    )
 
     # 4. Final validation loss, and what the policy now says.
     final = evaluate(model)
     logger.log(loop["steps"], final)
     model.eval()
     prompts = list(dict.fromkeys(row["prompt"] for row in val_rows))
-    greedy = sample_responses(model, tokenizer, encode_texts(tokenizer, prompts[: cfg.sft.num_samples]),
-                              SamplingConfig(cfg.data.max_response_tokens, temperature=0))
+    greedy = sample_responses(
+        model,
+        tokenizer,
+        encode_texts(tokenizer, prompts[: cfg.sft.num_samples]),
+        SamplingConfig(cfg.data.max_response_tokens, temperature=0),
+    )
     samples = [{"prompt": p, "response": r, "finished": f} for p, r, f in zip(prompts, greedy.texts, greedy.finished)]
     results = {"val_loss": final["sft/val/loss"], "val_perplexity": final["sft/val/perplexity"], "steps": loop["steps"]}
 
@@ -100,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(cfg.run.seed)
         sampled = forward_map(
             lambda batch: sample_responses(model, tokenizer, encode_texts(tokenizer, batch), sampling).texts,
-            eval_prompts, cfg.sft.eval_batch_size, accelerator,
+            eval_prompts,
+            cfg.sft.eval_batch_size,
+            accelerator,
         )
         results.update(task.gold_summary(eval_prompts, sampled))
         for sample in samples:
@@ -110,14 +138,20 @@ def main(argv: list[str] | None = None) -> None:
     if accelerator.is_main_process:
         save_pretrained_atomic(model, tokenizer, run.model_dir("sft"))
         write_jsonl(run.stage("sft") / "samples.jsonl", samples)
-        plot_training_curves(logger.history, ["sft/train/loss", "sft/val/loss", "sft/train/lr", "sft/train/grad_norm"],
-                             run.stage("sft") / "curves.png", "SFT")
+        plot_training_curves(
+            logger.history,
+            ["sft/train/loss", "sft/val/loss", "sft/train/lr", "sft/train/grad_norm"],
+            run.stage("sft") / "curves.png",
+            "SFT",
+        )
         run.update_summary({"sft": results, "timing_s": {"sft": round(time.perf_counter() - t_start, 2)}})
         run.mark_complete("sft", cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()
-    accelerator.print(f"[sft] val loss {results['val_loss']:.4f} (ppl {results['val_perplexity']:.2f})"
-                      + (f"; gold good-rate {results['gold_good_rate']:.1%}" if "gold_good_rate" in results else ""))
+    accelerator.print(
+        f"[sft] val loss {results['val_loss']:.4f} (ppl {results['val_perplexity']:.2f})"
+        + (f"; gold good-rate {results['gold_good_rate']:.1%}" if "gold_good_rate" in results else "")
+    )
 
 
 if __name__ == "__main__":

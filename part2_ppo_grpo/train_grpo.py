@@ -43,18 +43,59 @@ from rlhf.models import load_policy, load_reward_model, load_tokenizer, position
 from rlhf.ops import group_advantages, masked_mean
 from rlhf.rewards import load_reward_source
 from rlhf.rl import (
-    append_samples, apply_missing_eos_penalty, check_context, check_frozen, check_grpo_config, context_size, eval_due, eval_metrics,
-    evaluate_against_sft, frozen, frozen_digests, gold_metrics, held_out_eval, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
-    loop_costs, micro_batches, minibatch_indices, open_rl_logger, peak_memory_mb, plan_rl, publish_rl,
-    response_metrics, save_rl_checkpoint, sequence_kl, set_cpu_threads, shifted_entropy, shifted_logprobs,
+    append_samples,
+    apply_missing_eos_penalty,
+    check_context,
+    check_frozen,
+    check_grpo_config,
+    context_size,
+    eval_due,
+    eval_metrics,
+    evaluate_against_sft,
+    frozen,
+    frozen_digests,
+    gold_metrics,
+    held_out_eval,
+    load_rl_checkpoint,
+    load_rl_prompts,
+    local_prompt_rows,
+    loop_costs,
+    micro_batches,
+    minibatch_indices,
+    open_rl_logger,
+    peak_memory_mb,
+    plan_rl,
+    publish_rl,
+    response_metrics,
+    save_rl_checkpoint,
+    sequence_kl,
+    set_cpu_threads,
+    shifted_entropy,
+    shifted_logprobs,
 )
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
 
-CURVES = ["grpo/objective/scores", "grpo/gold/score_mean", "grpo/objective/kl", "grpo/objective/entropy", "grpo/objective/zero_std_groups",
-          "grpo/responses/length_mean", "grpo/responses/eos_rate", "grpo/policy/clipfrac", "grpo/policy/approxkl",
-          "grpo/policy/k3_kl", "grpo/responses/length_score_corr", "grpo/train/loss", "grpo/train/grad_norm"]
-EVAL_CURVES = ["grpo/eval/reward_mean", "grpo/eval/gold_score_mean", "grpo/eval/kl_to_ref"]  # drawn when grpo.eval_every > 0
+CURVES = [
+    "grpo/objective/scores",
+    "grpo/gold/score_mean",
+    "grpo/objective/kl",
+    "grpo/objective/entropy",
+    "grpo/objective/zero_std_groups",
+    "grpo/responses/length_mean",
+    "grpo/responses/eos_rate",
+    "grpo/policy/clipfrac",
+    "grpo/policy/approxkl",
+    "grpo/policy/k3_kl",
+    "grpo/responses/length_score_corr",
+    "grpo/train/loss",
+    "grpo/train/grad_norm",
+]
+EVAL_CURVES = [
+    "grpo/eval/reward_mean",
+    "grpo/eval/gold_score_mean",
+    "grpo/eval/kl_to_ref",
+]  # drawn when grpo.eval_every > 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -85,16 +126,26 @@ def main(argv: list[str] | None = None) -> None:
     policy = load_policy(run.model_dir("sft"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
     reference = frozen(load_policy(run.model_dir("sft")), device) if gcfg.kl_coef > 0 else None
-    eval_reference = reference if reference is not None or gcfg.eval_every == 0 else frozen(load_policy(run.model_dir("sft")), device)
-    frozen_roles = {"reward": reward_model, "reference": reference, "eval_reference": eval_reference if reference is None else None}
+    eval_reference = (
+        reference
+        if reference is not None or gcfg.eval_every == 0
+        else frozen(load_policy(run.model_dir("sft")), device)
+    )
+    frozen_roles = {
+        "reward": reward_model,
+        "reference": reference,
+        "eval_reference": eval_reference if reference is None else None,
+    }
     frozen_before = frozen_digests(frozen_roles)
     optimizer = build_optimizer(policy, gcfg)
     scheduler = build_scheduler(optimizer, gcfg, plan.optimizer_steps)
     policy, optimizer = accelerator.prepare(policy, optimizer)
-    accelerator.print(f"[grpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x G={G}; policy "
-                      f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; reference "
-                      f"{'loaded' if reference is not None else 'not loaded (kl_coef=0)'}"
-                      f"{'; SFT policy loaded for evaluation' if reference is None and eval_reference is not None else ''}")
+    accelerator.print(
+        f"[grpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x G={G}; policy "
+        f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; reference "
+        f"{'loaded' if reference is not None else 'not loaded (kl_coef=0)'}"
+        f"{'; SFT policy loaded for evaluation' if reference is None and eval_reference is not None else ''}"
+    )
 
     # 3. Resume from the last checkpoint written for this same config, if any.
     state = load_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, plan.iterations)
@@ -107,8 +158,19 @@ def main(argv: list[str] | None = None) -> None:
         """The current policy on the held-out prompts (RM score, gold score, KL to SFT), logged as grpo/eval/*."""
         nonlocal eval_s
         started = time.perf_counter()
-        measured = held_out_eval("grpo", accelerator.unwrap_model(policy), eval_reference, reward_model, tokenizer, prompts, sampling,
-                                 cfg.run.seed, gcfg.forward_batch_size, accelerator, gold)
+        measured = held_out_eval(
+            "grpo",
+            accelerator.unwrap_model(policy),
+            eval_reference,
+            reward_model,
+            tokenizer,
+            prompts,
+            sampling,
+            cfg.run.seed,
+            gcfg.forward_batch_size,
+            accelerator,
+            gold,
+        )
         seconds = time.perf_counter() - started
         eval_s += seconds
         return {**measured, "grpo/time/eval_s": seconds}
@@ -125,8 +187,13 @@ def main(argv: list[str] | None = None) -> None:
         local_rows = local_prompt_rows(len(prompts.train_ids), plan, iteration, cfg.run.seed, rank, G)
         policy.eval()
         with accelerator.autocast():
-            rollout = generate_rollout(accelerator.unwrap_model(policy), tokenizer, [prompts.train_ids[i] for i in local_rows], sampling,
-                                       gcfg.forward_batch_size)
+            rollout = generate_rollout(
+                accelerator.unwrap_model(policy),
+                tokenizer,
+                [prompts.train_ids[i] for i in local_rows],
+                sampling,
+                gcfg.forward_batch_size,
+            )
         mask = rollout.response_mask  # (N, T)
         t1 = time.perf_counter()
 
@@ -134,9 +201,17 @@ def main(argv: list[str] | None = None) -> None:
         #     (reward model only when the reward spec uses it; functions score the decoded text).
         batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
         with accelerator.autocast():
-            logprobs = None if on_policy else rollout_logprobs(policy, rollout, gcfg.temperature, gcfg.forward_batch_size)  # (N, T)
-            ref_logprobs = None if reference is None else rollout_logprobs(reference, rollout, gcfg.temperature, gcfg.forward_batch_size)
-            rm_scores = score_rollout(reward_model, rollout, gcfg.forward_batch_size) if reward_source.uses_model else None  # (N,)
+            logprobs = (
+                None if on_policy else rollout_logprobs(policy, rollout, gcfg.temperature, gcfg.forward_batch_size)
+            )  # (N, T)
+            ref_logprobs = (
+                None
+                if reference is None
+                else rollout_logprobs(reference, rollout, gcfg.temperature, gcfg.forward_batch_size)
+            )
+            rm_scores = (
+                score_rollout(reward_model, rollout, gcfg.forward_batch_size) if reward_source.uses_model else None
+            )  # (N,)
         raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (N,), {term: (N,)}
         scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, gcfg.missing_eos_penalty)  # (N,)
 
@@ -151,28 +226,51 @@ def main(argv: list[str] | None = None) -> None:
         stats: dict[str, list[torch.Tensor]] = {}
         for _ in range(gcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator):
-                micro = micro_batches(minibatch.to(device), rollout.lengths, mask, gcfg.micro_batch_size, gcfg.loss_normalization)
+                micro = micro_batches(
+                    minibatch.to(device), rollout.lengths, mask, gcfg.micro_batch_size, gcfg.loss_normalization
+                )
                 step_stats: dict[str, torch.Tensor] = {}
                 for k, (rows, t, weight) in enumerate(micro):
                     input_ids, micro_mask = rollout.input_ids[rows, :t], mask[rows, :t]  # (b, t) each
                     with accelerator.no_sync(policy) if k < len(micro) - 1 else nullcontext():
                         attention_mask = rollout.attention_mask[rows, :t]
-                        logits = policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask),
-                                        use_cache=False).logits  # (b, t, V)
+                        logits = policy(
+                            input_ids=input_ids,
+                            attention_mask=attention_mask,
+                            position_ids=position_ids_from_mask(attention_mask),
+                            use_cache=False,
+                        ).logits  # (b, t, V)
                         new_logprobs = shifted_logprobs(logits, input_ids, gcfg.temperature)  # (b, t)
                         old_logprobs = new_logprobs.detach() if on_policy else logprobs[rows, :t]
-                        loss, loss_stats = grpo_loss(new_logprobs, old_logprobs, None if ref_logprobs is None else ref_logprobs[rows, :t],
-                                                     advantages[rows], micro_mask, gcfg.clip, clip_high, gcfg.kl_coef,
-                                                     gcfg.loss_normalization)
+                        loss, loss_stats = grpo_loss(
+                            new_logprobs,
+                            old_logprobs,
+                            None if ref_logprobs is None else ref_logprobs[rows, :t],
+                            advantages[rows],
+                            micro_mask,
+                            gcfg.clip,
+                            clip_high,
+                            gcfg.kl_coef,
+                            gcfg.loss_normalization,
+                        )
                         if not torch.isfinite(loss):
-                            raise UserError(f"grpo: non-finite loss at iteration {iteration + 1}; lower grpo.lr (last good checkpoint: {run.checkpoint_dir('grpo')})")
+                            raise UserError(
+                                f"grpo: non-finite loss at iteration {iteration + 1}; lower grpo.lr "
+                                f"(last good checkpoint: {run.checkpoint_dir('grpo')})"
+                            )
                         accelerator.backward(loss * weight)
                     if on_policy:
                         seen_logprobs[rows, :t] = torch.where(micro_mask, new_logprobs.detach(), 0.0)
                     with torch.no_grad():
                         entropy = masked_mean(shifted_entropy(logits.detach(), gcfg.temperature), micro_mask)
-                    micro_stats = {"train/loss": loss, "policy/approxkl": loss_stats["approxkl"], "policy/clipfrac": loss_stats["clipfrac"],
-                                   "policy/ratio_mean": loss_stats["ratio_mean"], "policy/k3_kl": loss_stats["kl"], "objective/entropy": entropy}
+                    micro_stats = {
+                        "train/loss": loss,
+                        "policy/approxkl": loss_stats["approxkl"],
+                        "policy/clipfrac": loss_stats["clipfrac"],
+                        "policy/ratio_mean": loss_stats["ratio_mean"],
+                        "policy/k3_kl": loss_stats["kl"],
+                        "objective/entropy": entropy,
+                    }
                     for key, value in micro_stats.items():
                         step_stats[key] = step_stats.get(key, 0.0) + weight * value.detach().float()
                 grad_norm = optimizer_step(accelerator, policy, optimizer, scheduler, gcfg.max_grad_norm)
@@ -186,7 +284,8 @@ def main(argv: list[str] | None = None) -> None:
 
         # 4e. Metrics (means over processes), samples, checkpoint.
         local = {
-            "objective/scores": scores.mean(), "objective/zero_std_groups": zero_std.float().mean(),
+            "objective/scores": scores.mean(),
+            "objective/zero_std_groups": zero_std.float().mean(),
             "objective/advantage_std": advantages.std() if advantages.numel() > 1 else torch.zeros(()),
             **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
@@ -196,42 +295,98 @@ def main(argv: list[str] | None = None) -> None:
             local.update(gold_metrics(batch_prompts, responses))
         if ref_logprobs is not None:
             local["objective/kl"] = sequence_kl(seen_logprobs, ref_logprobs, mask).mean()
-        metrics = {f"grpo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item() for key, value in local.items()}
-        metrics.update({"grpo/train/lr": scheduler.get_last_lr()[0], "grpo/time/generate_s": t1 - t0, "grpo/time/score_s": t2 - t1,
-                        "grpo/time/train_s": t3 - t2, "grpo/memory/peak_mb": peak_memory_mb(device)[0],
-                        "grpo/train/episodes": iteration * gcfg.batch_size})
+        metrics = {
+            f"grpo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item()
+            for key, value in local.items()
+        }
+        metrics.update(
+            {
+                "grpo/train/lr": scheduler.get_last_lr()[0],
+                "grpo/time/generate_s": t1 - t0,
+                "grpo/time/score_s": t2 - t1,
+                "grpo/time/train_s": t3 - t2,
+                "grpo/memory/peak_mb": peak_memory_mb(device)[0],
+                "grpo/train/episodes": iteration * gcfg.batch_size,
+            }
+        )
         logger.log(iteration, metrics, postfix=("grpo/objective/scores", "grpo/objective/zero_std_groups"))
-        if eval_due(iteration, gcfg.eval_every, plan.iterations):  # before the checkpoint, so a resumed run has this row
+        if eval_due(
+            iteration, gcfg.eval_every, plan.iterations
+        ):  # before the checkpoint, so a resumed run has this row
             logger.log(iteration, evaluate_now())
-        if accelerator.is_main_process and gcfg.samples_every and (iteration % gcfg.samples_every == 0 or iteration == 1):
+        if (
+            accelerator.is_main_process
+            and gcfg.samples_every
+            and (iteration % gcfg.samples_every == 0 or iteration == 1)
+        ):
             n = gcfg.num_samples
-            append_samples(run.stage("grpo") / "samples.jsonl", iteration, batch_prompts[:n], responses[:n], scores[:n].tolist(),
-                           rollout.finished[:n].tolist(), gold)
+            append_samples(
+                run.stage("grpo") / "samples.jsonl",
+                iteration,
+                batch_prompts[:n],
+                responses[:n],
+                scores[:n].tolist(),
+                rollout.finished[:n].tolist(),
+                gold,
+            )
         if gcfg.save_every and iteration % gcfg.save_every == 0 and iteration < plan.iterations:
             save_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
     unwrapped = accelerator.unwrap_model(policy)
-    costs = loop_costs(time.perf_counter() - loop_start - eval_s, (iteration - resumed_from) * gcfg.batch_size, device,
-                       [unwrapped, reward_model] + ([eval_reference] if eval_reference is not None else []), [optimizer])
+    costs = loop_costs(
+        time.perf_counter() - loop_start - eval_s,
+        (iteration - resumed_from) * gcfg.batch_size,
+        device,
+        [unwrapped, reward_model] + ([eval_reference] if eval_reference is not None else []),
+        [optimizer],
+    )
     check_frozen("grpo", frozen_roles, frozen_before)
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both. The SFT
     #    policy is loaded now if nothing loaded it yet (peak memory was read above).
     sft_policy = eval_reference if eval_reference is not None else frozen(load_policy(run.model_dir("sft")), device)
-    results, eval_samples = evaluate_against_sft(unwrapped, sft_policy, reward_model, tokenizer, prompts, sampling, cfg.run.seed,
-                                                 gcfg.forward_batch_size, accelerator, gold)
+    results, eval_samples = evaluate_against_sft(
+        unwrapped,
+        sft_policy,
+        reward_model,
+        tokenizer,
+        prompts,
+        sampling,
+        cfg.run.seed,
+        gcfg.forward_batch_size,
+        accelerator,
+        gold,
+    )
     trained = resumed_from < iteration
-    results.update({
-        "iterations": iteration, "episodes": iteration * gcfg.batch_size, "resumed_from_iteration": resumed_from,
-        "group_size": G, "reference_loaded_for_training": reference is not None, "reward_source": reward_source.spec,
-        "train_score_mean": metrics.get("grpo/objective/scores") if trained else None,
-        "train_zero_std_groups": metrics.get("grpo/objective/zero_std_groups") if trained else None,
-        **costs, "frozen_roles_unchanged": True,
-    })
+    results.update(
+        {
+            "iterations": iteration,
+            "episodes": iteration * gcfg.batch_size,
+            "resumed_from_iteration": resumed_from,
+            "group_size": G,
+            "reference_loaded_for_training": reference is not None,
+            "reward_source": reward_source.spec,
+            "train_score_mean": metrics.get("grpo/objective/scores") if trained else None,
+            "train_zero_std_groups": metrics.get("grpo/objective/zero_std_groups") if trained else None,
+            **costs,
+            "frozen_roles_unchanged": True,
+        }
+    )
     logger.log(iteration, eval_metrics("grpo", results))
 
     # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    publish_rl("grpo", run, cfg, accelerator, logger, unwrapped, tokenizer, results, eval_samples,
-               CURVES + (EVAL_CURVES if gcfg.eval_every else []), t_start)
+    publish_rl(
+        "grpo",
+        run,
+        cfg,
+        accelerator,
+        logger,
+        unwrapped,
+        tokenizer,
+        results,
+        eval_samples,
+        CURVES + (EVAL_CURVES if gcfg.eval_every else []),
+        t_start,
+    )
 
 
 if __name__ == "__main__":

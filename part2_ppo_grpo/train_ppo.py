@@ -41,24 +41,69 @@ from rlhf.models import PolicyAndValue, load_policy, load_reward_model, load_tok
 from rlhf.ops import explained_variance, gae_advantages, masked_mean, masked_whiten
 from rlhf.rewards import load_reward_source
 from rlhf.rl import (
-    align_values, append_samples, apply_missing_eos_penalty, build_ppo_optimizer, check_context, check_frozen, check_ppo_config,
-    context_size, eval_due, eval_metrics, evaluate_against_sft, frozen, frozen_digests, gold_metrics, held_out_eval, load_rl_checkpoint,
-    load_rl_prompts, local_prompt_rows, loop_costs, make_kl_controller, micro_batches, minibatch_indices, open_rl_logger,
-    peak_memory_mb, plan_rl, publish_rl, response_metrics, save_rl_checkpoint, sequence_kl, set_cpu_threads, shape_rewards,
-    shifted_entropy, shifted_logprobs,
+    align_values,
+    append_samples,
+    apply_missing_eos_penalty,
+    build_ppo_optimizer,
+    check_context,
+    check_frozen,
+    check_ppo_config,
+    context_size,
+    eval_due,
+    eval_metrics,
+    evaluate_against_sft,
+    frozen,
+    frozen_digests,
+    gold_metrics,
+    held_out_eval,
+    load_rl_checkpoint,
+    load_rl_prompts,
+    local_prompt_rows,
+    loop_costs,
+    make_kl_controller,
+    micro_batches,
+    minibatch_indices,
+    open_rl_logger,
+    peak_memory_mb,
+    plan_rl,
+    publish_rl,
+    response_metrics,
+    save_rl_checkpoint,
+    sequence_kl,
+    set_cpu_threads,
+    shape_rewards,
+    shifted_entropy,
+    shifted_logprobs,
 )
 from rlhf.rollout import SamplingConfig, forward_in_chunks, generate_rollout, rollout_logprobs, score_rollout
 from rlhf.training import build_scheduler, make_accelerator, optimizer_step
 
-CURVES = ["ppo/objective/scores", "ppo/gold/score_mean", "ppo/objective/rlhf_reward", "ppo/objective/kl", "ppo/objective/entropy",
-          "ppo/responses/length_mean", "ppo/responses/eos_rate", "ppo/policy/clipfrac", "ppo/policy/approxkl",
-          "ppo/val/explained_variance", "ppo/val/loss", "ppo/objective/kl_coef", "ppo/responses/length_score_corr"]
-EVAL_CURVES = ["ppo/eval/reward_mean", "ppo/eval/gold_score_mean", "ppo/eval/kl_to_ref"]  # drawn when ppo.eval_every > 0
+CURVES = [
+    "ppo/objective/scores",
+    "ppo/gold/score_mean",
+    "ppo/objective/rlhf_reward",
+    "ppo/objective/kl",
+    "ppo/objective/entropy",
+    "ppo/responses/length_mean",
+    "ppo/responses/eos_rate",
+    "ppo/policy/clipfrac",
+    "ppo/policy/approxkl",
+    "ppo/val/explained_variance",
+    "ppo/val/loss",
+    "ppo/objective/kl_coef",
+    "ppo/responses/length_score_corr",
+]
+EVAL_CURVES = [
+    "ppo/eval/reward_mean",
+    "ppo/eval/gold_score_mean",
+    "ppo/eval/kl_to_ref",
+]  # drawn when ppo.eval_every > 0
 
 
 def policy_and_values(model, rollout, temperature: float, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rollout log-probs (B, T) and values (B, T) from the training module itself, in no-grad chunks,
     so the first PPO step starts from ratio 1 and V_old is what the value loss clips around."""
+
     def both(input_ids, attention_mask):
         logits, position_values = model(input_ids, attention_mask)
         return shifted_logprobs(logits, input_ids, temperature), align_values(position_values)
@@ -91,7 +136,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. Four roles, dropout off in every one (load_* disable it): trainable policy and critic in one
     #    module (one optimizer, one checkpoint), frozen reference and reward model.
-    critic = value_model_from_reward(load_reward_model(run.model_dir("reward"))) if pcfg.value_model == "separate" else None
+    critic = (
+        value_model_from_reward(load_reward_model(run.model_dir("reward"))) if pcfg.value_model == "separate" else None
+    )
     model = PolicyAndValue(load_policy(run.model_dir("sft")), critic)
     reference = frozen(load_policy(run.model_dir("sft")), device)
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
@@ -101,9 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     scheduler = build_scheduler(optimizer, pcfg, plan.optimizer_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     kl_controller = make_kl_controller(pcfg)
-    accelerator.print(f"[ppo] {plan.iterations} iterations x {pcfg.batch_size} episodes; policy "
-                      f"{sum(p.numel() for p in accelerator.unwrap_model(model).policy.parameters()) / 1e6:.2f}M parameters, "
-                      f"critic: {pcfg.value_model}")
+    accelerator.print(
+        f"[ppo] {plan.iterations} iterations x {pcfg.batch_size} episodes; policy "
+        f"{sum(p.numel() for p in accelerator.unwrap_model(model).policy.parameters()) / 1e6:.2f}M parameters, "
+        f"critic: {pcfg.value_model}"
+    )
 
     # 3. Resume from the last checkpoint written for this same config, if any.
     state = load_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, scheduler, plan.iterations)
@@ -118,8 +167,19 @@ def main(argv: list[str] | None = None) -> None:
         """The current policy on the held-out prompts (RM score, gold score, KL to SFT), logged as ppo/eval/*."""
         nonlocal eval_s
         started = time.perf_counter()
-        measured = held_out_eval("ppo", accelerator.unwrap_model(model).policy, reference, reward_model, tokenizer, prompts, sampling,
-                                 cfg.run.seed, pcfg.forward_batch_size, accelerator, gold)
+        measured = held_out_eval(
+            "ppo",
+            accelerator.unwrap_model(model).policy,
+            reference,
+            reward_model,
+            tokenizer,
+            prompts,
+            sampling,
+            cfg.run.seed,
+            pcfg.forward_batch_size,
+            accelerator,
+            gold,
+        )
         seconds = time.perf_counter() - started
         eval_s += seconds
         return {**measured, "ppo/time/eval_s": seconds}
@@ -136,8 +196,13 @@ def main(argv: list[str] | None = None) -> None:
         local_rows = local_prompt_rows(len(prompts.train_ids), plan, iteration, cfg.run.seed, rank)
         model.eval()
         with accelerator.autocast():
-            rollout = generate_rollout(accelerator.unwrap_model(model).policy, tokenizer, [prompts.train_ids[i] for i in local_rows],
-                                       sampling, pcfg.forward_batch_size)
+            rollout = generate_rollout(
+                accelerator.unwrap_model(model).policy,
+                tokenizer,
+                [prompts.train_ids[i] for i in local_rows],
+                sampling,
+                pcfg.forward_batch_size,
+            )
         mask = rollout.response_mask  # (B, T)
         t1 = time.perf_counter()
 
@@ -145,15 +210,19 @@ def main(argv: list[str] | None = None) -> None:
         #     (reward model only when the reward spec uses it; functions score the decoded text).
         batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
         with accelerator.autocast():
-            logprobs, values = policy_and_values(model, rollout, pcfg.temperature, pcfg.forward_batch_size)  # (B, T) each
+            logprobs, values = policy_and_values(
+                model, rollout, pcfg.temperature, pcfg.forward_batch_size
+            )  # (B, T) each
             ref_logprobs = rollout_logprobs(reference, rollout, pcfg.temperature, pcfg.forward_batch_size)  # (B, T)
-            rm_scores = score_rollout(reward_model, rollout, pcfg.forward_batch_size) if reward_source.uses_model else None  # (B,)
+            rm_scores = (
+                score_rollout(reward_model, rollout, pcfg.forward_batch_size) if reward_source.uses_model else None
+            )  # (B,)
         raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (B,), {term: (B,)}
         scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, pcfg.missing_eos_penalty)  # (B,)
 
         # 4c. Per-token rewards (KL penalty + score at the last token), GAE, whitened advantages.
         kl_coef = kl_controller.value
-        rewards, kl = shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # (B, T) each
+        rewards, _kl = shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # (B, T) each
         if pcfg.whiten_rewards:
             rewards = masked_whiten(rewards, mask, shift_mean=False)
         advantages, returns = gae_advantages(rewards, values, mask, pcfg.gamma, pcfg.lam)  # (B, T) each
@@ -175,18 +244,31 @@ def main(argv: list[str] | None = None) -> None:
                         logits, position_values = model(input_ids, rollout.attention_mask[rows, :t])
                         new_logprobs = shifted_logprobs(logits, input_ids, pcfg.temperature)  # (b, t)
                         new_values = align_values(position_values)  # (b, t)
-                        pg_loss, pg_stats = ppo_policy_loss(new_logprobs, logprobs[rows, :t], advantages[rows, :t], micro_mask,
-                                                            pcfg.clip, clip_high)
-                        vf_loss, vf_stats = ppo_value_loss(new_values, values[rows, :t], returns[rows, :t], micro_mask, pcfg.value_clip)
+                        pg_loss, pg_stats = ppo_policy_loss(
+                            new_logprobs, logprobs[rows, :t], advantages[rows, :t], micro_mask, pcfg.clip, clip_high
+                        )
+                        vf_loss, vf_stats = ppo_value_loss(
+                            new_values, values[rows, :t], returns[rows, :t], micro_mask, pcfg.value_clip
+                        )
                         with torch.set_grad_enabled(pcfg.entropy_coef > 0):
                             entropy = masked_mean(shifted_entropy(logits, pcfg.temperature), micro_mask)
                         loss = pg_loss + pcfg.vf_coef * vf_loss - pcfg.entropy_coef * entropy
                         if not torch.isfinite(loss):
-                            raise UserError(f"ppo: non-finite loss at iteration {iteration + 1}; lower ppo.lr (last good checkpoint: {run.checkpoint_dir('ppo')})")
+                            raise UserError(
+                                f"ppo: non-finite loss at iteration {iteration + 1}; lower ppo.lr "
+                                f"(last good checkpoint: {run.checkpoint_dir('ppo')})"
+                            )
                         accelerator.backward(loss * weight)
-                    micro_stats = {"train/loss": loss, "policy/approxkl": pg_stats["approxkl"], "policy/clipfrac": pg_stats["clipfrac"],
-                                   "policy/ratio_mean": pg_stats["ratio_mean"], "val/loss": vf_loss, "val/clipfrac": vf_stats["clipfrac"],
-                                   "val/value_mean": vf_stats["value_mean"], "objective/entropy": entropy}
+                    micro_stats = {
+                        "train/loss": loss,
+                        "policy/approxkl": pg_stats["approxkl"],
+                        "policy/clipfrac": pg_stats["clipfrac"],
+                        "policy/ratio_mean": pg_stats["ratio_mean"],
+                        "val/loss": vf_loss,
+                        "val/clipfrac": vf_stats["clipfrac"],
+                        "val/value_mean": vf_stats["value_mean"],
+                        "objective/entropy": entropy,
+                    }
                     for key, value in micro_stats.items():
                         step_stats[key] = step_stats.get(key, 0.0) + weight * value.detach().float()
                 grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, pcfg.max_grad_norm)
@@ -212,47 +294,111 @@ def main(argv: list[str] | None = None) -> None:
         # 4f. Metrics (means over processes), samples, checkpoint.
         non_score = -kl_coef * seq_kl  # (B,)
         local = {
-            "objective/scores": scores.mean(), "objective/kl": seq_kl.mean(), "objective/non_score_reward": non_score.mean(),
-            "objective/rlhf_reward": (scores + non_score).mean(), "val/explained_variance": explained_variance(values, returns, mask),
+            "objective/scores": scores.mean(),
+            "objective/kl": seq_kl.mean(),
+            "objective/non_score_reward": non_score.mean(),
+            "objective/rlhf_reward": (scores + non_score).mean(),
+            "val/explained_variance": explained_variance(values, returns, mask),
             **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }
         if gold:  # the gold judge on the training samples: over-optimisation shows here first
             local.update(gold_metrics(batch_prompts, responses))
-        metrics = {f"ppo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item() for key, value in local.items()}
-        metrics.update({"ppo/objective/kl_coef": kl_coef, "ppo/policy/kl_stopped": float(kl_stopped), "ppo/train/lr": scheduler.get_last_lr()[0],
-                        "ppo/time/generate_s": t1 - t0, "ppo/time/score_s": t2 - t1, "ppo/time/train_s": t3 - t2,
-                        "ppo/memory/peak_mb": peak_memory_mb(device)[0], "ppo/train/episodes": iteration * pcfg.batch_size})
+        metrics = {
+            f"ppo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item()
+            for key, value in local.items()
+        }
+        metrics.update(
+            {
+                "ppo/objective/kl_coef": kl_coef,
+                "ppo/policy/kl_stopped": float(kl_stopped),
+                "ppo/train/lr": scheduler.get_last_lr()[0],
+                "ppo/time/generate_s": t1 - t0,
+                "ppo/time/score_s": t2 - t1,
+                "ppo/time/train_s": t3 - t2,
+                "ppo/memory/peak_mb": peak_memory_mb(device)[0],
+                "ppo/train/episodes": iteration * pcfg.batch_size,
+            }
+        )
         logger.log(iteration, metrics, postfix=("ppo/objective/scores", "ppo/objective/kl"))
-        if eval_due(iteration, pcfg.eval_every, plan.iterations):  # before the checkpoint, so a resumed run has this row
+        if eval_due(
+            iteration, pcfg.eval_every, plan.iterations
+        ):  # before the checkpoint, so a resumed run has this row
             logger.log(iteration, evaluate_now())
-        if accelerator.is_main_process and pcfg.samples_every and (iteration % pcfg.samples_every == 0 or iteration == 1):
+        if (
+            accelerator.is_main_process
+            and pcfg.samples_every
+            and (iteration % pcfg.samples_every == 0 or iteration == 1)
+        ):
             n = pcfg.num_samples
-            append_samples(run.stage("ppo") / "samples.jsonl", iteration, batch_prompts[:n], responses[:n], scores[:n].tolist(),
-                           rollout.finished[:n].tolist(), gold)
+            append_samples(
+                run.stage("ppo") / "samples.jsonl",
+                iteration,
+                batch_prompts[:n],
+                responses[:n],
+                scores[:n].tolist(),
+                rollout.finished[:n].tolist(),
+                gold,
+            )
         if pcfg.save_every and iteration % pcfg.save_every == 0 and iteration < plan.iterations:
-            save_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, scheduler, iteration, kl_coef=kl_controller.value)
+            save_rl_checkpoint(
+                "ppo", run, cfg, accelerator, model, optimizer, scheduler, iteration, kl_coef=kl_controller.value
+            )
     unwrapped = accelerator.unwrap_model(model)
-    costs = loop_costs(time.perf_counter() - loop_start - eval_s, (iteration - resumed_from) * pcfg.batch_size, device,
-                       [unwrapped, reference, reward_model], [optimizer])
+    costs = loop_costs(
+        time.perf_counter() - loop_start - eval_s,
+        (iteration - resumed_from) * pcfg.batch_size,
+        device,
+        [unwrapped, reference, reward_model],
+        [optimizer],
+    )
     check_frozen("ppo", frozen_roles, frozen_before)
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both.
-    results, eval_samples = evaluate_against_sft(unwrapped.policy, reference, reward_model, tokenizer, prompts, sampling, cfg.run.seed,
-                                                 pcfg.forward_batch_size, accelerator, gold)
+    results, eval_samples = evaluate_against_sft(
+        unwrapped.policy,
+        reference,
+        reward_model,
+        tokenizer,
+        prompts,
+        sampling,
+        cfg.run.seed,
+        pcfg.forward_batch_size,
+        accelerator,
+        gold,
+    )
     trained = resumed_from < iteration
-    results.update({
-        "iterations": iteration, "episodes": iteration * pcfg.batch_size, "resumed_from_iteration": resumed_from,
-        "final_kl_coef": kl_controller.value, "train_score_mean": metrics["ppo/objective/scores"] if trained else None,
-        "train_kl": metrics["ppo/objective/kl"] if trained else None,
-        **costs, "frozen_roles_unchanged": True, "value_model": pcfg.value_model, "reward_source": reward_source.spec,
-    })
+    results.update(
+        {
+            "iterations": iteration,
+            "episodes": iteration * pcfg.batch_size,
+            "resumed_from_iteration": resumed_from,
+            "final_kl_coef": kl_controller.value,
+            "train_score_mean": metrics["ppo/objective/scores"] if trained else None,
+            "train_kl": metrics["ppo/objective/kl"] if trained else None,
+            **costs,
+            "frozen_roles_unchanged": True,
+            "value_model": pcfg.value_model,
+            "reward_source": reward_source.spec,
+        }
+    )
     logger.log(iteration, eval_metrics("ppo", results))
 
     # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    publish_rl("ppo", run, cfg, accelerator, logger, unwrapped.policy, tokenizer, results, eval_samples,
-               CURVES + (EVAL_CURVES if pcfg.eval_every else []), t_start)
+    publish_rl(
+        "ppo",
+        run,
+        cfg,
+        accelerator,
+        logger,
+        unwrapped.policy,
+        tokenizer,
+        results,
+        eval_samples,
+        CURVES + (EVAL_CURVES if pcfg.eval_every else []),
+        t_start,
+    )
 
 
 if __name__ == "__main__":

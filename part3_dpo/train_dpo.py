@@ -28,8 +28,8 @@ import hashlib
 import os
 import resource
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import safe_open
@@ -53,10 +53,18 @@ from rlhf.training import fit, forward_map, make_accelerator
 REF_CACHE_FILE = "ref_logps.safetensors"
 SPLITS = ("train", "val", "test")
 CURVE_KEYS = [
-    "dpo/train/loss", "dpo/train/rewards/accuracies", "dpo/train/rewards/margins",
-    "dpo/train/rewards/chosen", "dpo/train/rewards/rejected", "dpo/val/rewards/accuracies",
-    "dpo/train/logps/chosen", "dpo/train/logps/rejected", "dpo/gold/score_mean", "dpo/gold/win_rate_vs_sft",
-    "dpo/train/grad_norm", "dpo/train/lr",
+    "dpo/train/loss",
+    "dpo/train/rewards/accuracies",
+    "dpo/train/rewards/margins",
+    "dpo/train/rewards/chosen",
+    "dpo/train/rewards/rejected",
+    "dpo/val/rewards/accuracies",
+    "dpo/train/logps/chosen",
+    "dpo/train/logps/rejected",
+    "dpo/gold/score_mean",
+    "dpo/gold/win_rate_vs_sft",
+    "dpo/train/grad_norm",
+    "dpo/train/lr",
 ]
 
 
@@ -70,9 +78,13 @@ def validate(cfg: Config) -> None:
     if not 0 <= d.label_smoothing < 0.5:
         raise UserError(f"dpo.label_smoothing must be in [0, 0.5), got {d.label_smoothing}")
     if d.label_smoothing and d.loss_type != "cdpo":
-        raise UserError(f"dpo.label_smoothing={d.label_smoothing} is only used by dpo.loss_type=cdpo; set one or the other")
+        raise UserError(
+            f"dpo.label_smoothing={d.label_smoothing} is only used by dpo.loss_type=cdpo; set one or the other"
+        )
     if d.max_train_pairs is not None and d.max_train_pairs < d.batch_size:
-        raise UserError(f"dpo.max_train_pairs={d.max_train_pairs} is fewer than one batch (dpo.batch_size={d.batch_size})")
+        raise UserError(
+            f"dpo.max_train_pairs={d.max_train_pairs} is fewer than one batch (dpo.batch_size={d.batch_size})"
+        )
     if d.eval_prompts < 0 or d.temperature < 0:
         raise UserError("dpo.eval_prompts and dpo.temperature must be >= 0")
 
@@ -93,6 +105,7 @@ def pair_logps(model, batch: dict, average: bool) -> tuple[torch.Tensor, torch.T
 def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accelerator, average: bool) -> torch.Tensor:
     """(N, 2) [chosen, rejected] log-probs of every pair, in their original order; forward-only,
     batched by length and sharded over processes."""
+
     def score(batch_pairs):
         batch = {k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()}
         with accelerator.autocast():
@@ -100,7 +113,9 @@ def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accel
         return torch.stack([chosen, rejected], dim=1).float().cpu().tolist()  # (B, 2)
 
     model.eval()
-    return torch.tensor(forward_map(score, pairs, batch_size, accelerator, lengths=[pair_length(p) for p in pairs]))  # (N, 2)
+    return torch.tensor(
+        forward_map(score, pairs, batch_size, accelerator, lengths=[pair_length(p) for p in pairs])
+    )  # (N, 2)
 
 
 class PrecomputedReference:
@@ -141,8 +156,9 @@ def weights_sha256(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def ref_cache_fingerprints(sft_weights: str, pairs: dict[str, list[EncodedPair]], truncation: tuple,
-                           average: bool) -> dict[str, str]:
+def ref_cache_fingerprints(
+    sft_weights: str, pairs: dict[str, list[EncodedPair]], truncation: tuple, average: bool
+) -> dict[str, str]:
     """Per split, everything its cached numbers depend on: the reference weights, the exact token ids,
     truncation and averaging. Per split, so changing dpo.max_train_pairs keeps val and test."""
     fingerprints = {}
@@ -160,8 +176,11 @@ def load_ref_cache(path: Path, fingerprints: dict[str, str]) -> dict[str, torch.
         return {}
     with safe_open(str(path), framework="pt") as handle:
         stored = handle.metadata() or {}
-        return {split: handle.get_tensor(split) for split in handle.keys()
-                if split in fingerprints and stored.get(split) == fingerprints[split]}
+        return {
+            split: handle.get_tensor(split)
+            for split in handle.keys()  # noqa: SIM118 -- safe_open handles are not iterable; .keys() is required
+            if split in fingerprints and stored.get(split) == fingerprints[split]
+        }
 
 
 def save_ref_cache(path: Path, fingerprints: dict[str, str], logps: dict[str, torch.Tensor]) -> None:
@@ -205,8 +224,10 @@ class Throughput:
         self.tokens += int(batch["attention_mask"].sum()) * self.accelerator.num_processes
         rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
         device = self.accelerator.device
-        return {"tokens_per_s": torch.tensor(rate, device=device),
-                f"peak_memory_mb_{self.kind}": torch.tensor(peak_memory(device)[1], device=device)}
+        return {
+            "tokens_per_s": torch.tensor(rate, device=device),
+            f"peak_memory_mb_{self.kind}": torch.tensor(peak_memory(device)[1], device=device),
+        }
 
 
 def head_to_head(scores: list[float], baseline_scores: list[float]) -> dict:
@@ -214,8 +235,13 @@ def head_to_head(scores: list[float], baseline_scores: list[float]) -> dict:
     wins = sum(s > b for s, b in zip(scores, baseline_scores))
     losses = sum(s < b for s, b in zip(scores, baseline_scores))
     ties = len(scores) - wins - losses
-    return {"win_rate": (wins + 0.5 * ties) / len(scores) if scores else float("nan"),
-            "wins": wins, "losses": losses, "ties": ties, "n": len(scores)}
+    return {
+        "win_rate": (wins + 0.5 * ties) / len(scores) if scores else float("nan"),
+        "wins": wins,
+        "losses": losses,
+        "ties": ties,
+        "n": len(scores),
+    }
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -236,7 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(run.model_dir("sft"))
     rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in SPLITS}
     if dcfg.max_train_pairs is not None and dcfg.max_train_pairs < len(rows["train"]):
-        keep = torch.randperm(len(rows["train"]), generator=torch.Generator().manual_seed(cfg.run.seed))[:dcfg.max_train_pairs]
+        keep = torch.randperm(len(rows["train"]), generator=torch.Generator().manual_seed(cfg.run.seed))[
+            : dcfg.max_train_pairs
+        ]
         rows["train"] = [rows["train"][i] for i in sorted(keep.tolist())]
     rows = {split: split_rows for split, split_rows in rows.items() if split_rows}
     pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
@@ -265,15 +293,17 @@ def main(argv: list[str] | None = None) -> None:
         if missing and accelerator.is_main_process:
             save_ref_cache(cache_path, fingerprints, ref_logps)
         reference = PrecomputedReference(ref_logps)
-        accelerator.print(f"[dpo] reference log-probs: {', '.join(cached_splits) or 'no split'} from {cache_path}, "
-                          f"{', '.join(missing) or 'no split'} computed")
+        accelerator.print(
+            f"[dpo] reference log-probs: {', '.join(cached_splits) or 'no split'} from {cache_path}, "
+            f"{', '.join(missing) or 'no split'} computed"
+        )
     else:
         reference = OnTheFlyReference(ref_model, average, score_split, accelerator)
     timing["ref_logps"] = time.perf_counter() - t0
 
     # 3. Held-out prompts, sampled from the SFT policy now and from the DPO policy later with the same
     #    seed and settings, so the gold judge compares two policies rather than two rolls of the dice.
-    eval_prompts = list(dict.fromkeys(row["prompt"] for row in rows.get("val", [])))[:dcfg.eval_prompts]
+    eval_prompts = list(dict.fromkeys(row["prompt"] for row in rows.get("val", [])))[: dcfg.eval_prompts]
     sampling = SamplingConfig(cfg.data.max_response_tokens, temperature=dcfg.temperature)
     gold_judge = cfg.data.path == "embedded" and bool(eval_prompts)
 
@@ -299,10 +329,15 @@ def main(argv: list[str] | None = None) -> None:
         """Gold metrics of the policy's samples, head to head with the SFT samples of the same prompts."""
         scores = [task.gold_score(p, text) for p, (text, _) in zip(eval_prompts, policy_samples)]
         match = head_to_head(scores, sft_scores)
-        return {"dpo/gold/score_mean": sum(scores) / len(scores),
-                "dpo/gold/good_rate": sum(map(task.is_good_score, scores)) / len(scores),
-                "dpo/gold/win_rate_vs_sft": match["win_rate"], "dpo/gold/wins_vs_sft": match["wins"],
-                "dpo/gold/losses_vs_sft": match["losses"], "dpo/gold/ties_vs_sft": match["ties"]}, scores
+        return {
+            "dpo/gold/score_mean": sum(scores) / len(scores),
+            "dpo/gold/good_rate": sum(map(task.is_good_score, scores)) / len(scores),
+            "dpo/gold/win_rate_vs_sft": match["win_rate"],
+            "dpo/gold/wins_vs_sft": match["wins"],
+            "dpo/gold/losses_vs_sft": match["losses"],
+            "dpo/gold/ties_vs_sft": match["ties"],
+        }, scores
+
     if dcfg.precompute_ref:
         del ref_model  # training never sees the reference model
     if accelerator.device.type == "cuda":
@@ -310,9 +345,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. Train the policy from the SFT weights with the loss chosen from the table.
     policy = load_policy(run.model_dir("sft"))
-    accelerator.print(f"[dpo] policy {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; loss "
-                      f"{dcfg.loss_type} beta={dcfg.beta}; {len(pairs['train'])} train pairs; reference "
-                      f"{'precomputed' if dcfg.precompute_ref else 'on the fly'}")
+    accelerator.print(
+        f"[dpo] policy {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; loss "
+        f"{dcfg.loss_type} beta={dcfg.beta}; {len(pairs['train'])} train pairs; reference "
+        f"{'precomputed' if dcfg.precompute_ref else 'on the fly'}"
+    )
     throughput = Throughput(accelerator)
     loss_fn = make_loss_fn(dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, reference, throughput)
     has_gold = {split: "gold_chosen" in rows[split][0] for split in rows}
@@ -320,13 +357,16 @@ def main(argv: list[str] | None = None) -> None:
     def evaluate_split(model, split) -> dict[str, float]:
         """Implicit-reward preference accuracy (and the loss's other stats) on a held-out split."""
         policy_logps, ref = score_split(model, split), reference.split(split)  # (N, 2) each
-        loss, stats = DPO_LOSSES[dcfg.loss_type](policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1],
-                                                 dcfg.beta, dcfg.label_smoothing)
+        loss, stats = DPO_LOSSES[dcfg.loss_type](
+            policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1], dcfg.beta, dcfg.label_smoothing
+        )
         metrics = {f"dpo/{split}/loss": loss.item(), **{f"dpo/{split}/{k}": v.item() for k, v in stats.items()}}
         if has_gold[split]:
             implicit_prefers_chosen = ((policy_logps[:, 0] - ref[:, 0]) > (policy_logps[:, 1] - ref[:, 1])).tolist()
             gold_prefers_chosen = [row["gold_chosen"] > row["gold_rejected"] for row in rows[split]]
-            metrics[f"dpo/{split}/gold_accuracy"] = sum(a == g for a, g in zip(implicit_prefers_chosen, gold_prefers_chosen)) / len(rows[split])
+            metrics[f"dpo/{split}/gold_accuracy"] = sum(
+                a == g for a, g in zip(implicit_prefers_chosen, gold_prefers_chosen)
+            ) / len(rows[split])
         return metrics
 
     def evaluate(model):  # every dpo.eval_every steps: the implicit-reward and gold curves
@@ -339,9 +379,20 @@ def main(argv: list[str] | None = None) -> None:
     if gold_judge:  # step 0: the policy IS the SFT model, so its samples are the SFT samples (all ties)
         logger.log(0, judge_against_sft(sft_samples)[0])
     t0 = time.perf_counter()
-    policy, loop = fit(stage="dpo", tcfg=dcfg, cfg=cfg, run=run, accelerator=accelerator, model=policy,
-                       examples=list(range(len(pairs["train"]))), lengths=[pair_length(p) for p in pairs["train"]],
-                       collate=collate_indexed, loss_fn=loss_fn, evaluate=evaluate, logger=logger)
+    policy, loop = fit(
+        stage="dpo",
+        tcfg=dcfg,
+        cfg=cfg,
+        run=run,
+        accelerator=accelerator,
+        model=policy,
+        examples=list(range(len(pairs["train"]))),
+        lengths=[pair_length(p) for p in pairs["train"]],
+        collate=collate_indexed,
+        loss_fn=loss_fn,
+        evaluate=evaluate,
+        logger=logger,
+    )
     timing["train"] = time.perf_counter() - t0
     memory_kind, memory_mb = peak_memory(accelerator.device)
     last_train = next((row for row in reversed(logger.history) if "dpo/train/loss" in row), {})
@@ -355,12 +406,18 @@ def main(argv: list[str] | None = None) -> None:
     logger.log(loop["steps"], held_out)
     reward_model = run.read_summary().get("reward_model", {})
     results: dict = {
-        "loss_type": dcfg.loss_type, "beta": dcfg.beta, "label_smoothing": dcfg.label_smoothing,
-        "steps": loop["steps"], "train_pairs": len(pairs["train"]),
-        "reference": "precomputed" if dcfg.precompute_ref else "on_the_fly", "ref_cached_splits": cached_splits,
-        "train_loss": last_train.get("dpo/train/loss"), "train_accuracy": last_train.get("dpo/train/rewards/accuracies"),
+        "loss_type": dcfg.loss_type,
+        "beta": dcfg.beta,
+        "label_smoothing": dcfg.label_smoothing,
+        "steps": loop["steps"],
+        "train_pairs": len(pairs["train"]),
+        "reference": "precomputed" if dcfg.precompute_ref else "on_the_fly",
+        "ref_cached_splits": cached_splits,
+        "train_loss": last_train.get("dpo/train/loss"),
+        "train_accuracy": last_train.get("dpo/train/rewards/accuracies"),
         "tokens_per_s": last_train.get("dpo/train/tokens_per_s"),
-        "peak_memory_mb": memory_mb, "peak_memory_kind": memory_kind,
+        "peak_memory_mb": memory_mb,
+        "peak_memory_kind": memory_kind,
     }
     for split in ("val", "test"):
         if split not in pairs:
@@ -375,8 +432,10 @@ def main(argv: list[str] | None = None) -> None:
 
     # 6. Samples on held-out prompts; on the embedded task the gold judge compares DPO with SFT head to head.
     dpo_samples = sample_held_out(policy)
-    samples = [{"prompt": p, "dpo_response": d, "dpo_finished": df, "sft_response": s, "sft_finished": sf}
-               for p, (d, df), (s, sf) in zip(eval_prompts, dpo_samples, sft_samples)]
+    samples = [
+        {"prompt": p, "dpo_response": d, "dpo_finished": df, "sft_response": s, "sft_finished": sf}
+        for p, (d, df), (s, sf) in zip(eval_prompts, dpo_samples, sft_samples)
+    ]
     if eval_prompts:
         results["eos_rate"] = sum(df for _, df in dpo_samples) / len(dpo_samples)
         results["sft_eos_rate"] = sum(sf for _, sf in sft_samples) / len(sft_samples)
@@ -385,13 +444,19 @@ def main(argv: list[str] | None = None) -> None:
         logger.log(loop["steps"], gold)
         for sample, dpo_score, sft_score in zip(samples, dpo_scores, sft_scores):
             sample.update(dpo_gold_score=dpo_score, sft_gold_score=sft_score)
-        results.update({
-            "gold_score_mean": gold["dpo/gold/score_mean"], "sft_gold_score_mean": sum(sft_scores) / len(sft_scores),
-            "gold_good_rate": gold["dpo/gold/good_rate"], "sft_gold_good_rate": sum(map(task.is_good_score, sft_scores)) / len(sft_scores),
-            "win_rate_vs_sft": gold["dpo/gold/win_rate_vs_sft"], "wins_vs_sft": gold["dpo/gold/wins_vs_sft"],
-            "losses_vs_sft": gold["dpo/gold/losses_vs_sft"], "ties_vs_sft": gold["dpo/gold/ties_vs_sft"],
-            "n_eval_prompts": len(eval_prompts),
-        })
+        results.update(
+            {
+                "gold_score_mean": gold["dpo/gold/score_mean"],
+                "sft_gold_score_mean": sum(sft_scores) / len(sft_scores),
+                "gold_good_rate": gold["dpo/gold/good_rate"],
+                "sft_gold_good_rate": sum(map(task.is_good_score, sft_scores)) / len(sft_scores),
+                "win_rate_vs_sft": gold["dpo/gold/win_rate_vs_sft"],
+                "wins_vs_sft": gold["dpo/gold/wins_vs_sft"],
+                "losses_vs_sft": gold["dpo/gold/losses_vs_sft"],
+                "ties_vs_sft": gold["dpo/gold/ties_vs_sft"],
+                "n_eval_prompts": len(eval_prompts),
+            }
+        )
     timing["eval"] = time.perf_counter() - t0
     results["time_s"] = {k: round(v, 2) for k, v in timing.items()}
 
@@ -399,18 +464,28 @@ def main(argv: list[str] | None = None) -> None:
     if accelerator.is_main_process:
         save_pretrained_atomic(policy, tokenizer, run.model_dir("dpo"))
         write_jsonl(run.stage("dpo") / "samples.jsonl", samples)
-        plot_training_curves(logger.history, CURVE_KEYS, run.stage("dpo") / "curves.png",
-                             f"DPO ({dcfg.loss_type}, beta={dcfg.beta})")
+        plot_training_curves(
+            logger.history, CURVE_KEYS, run.stage("dpo") / "curves.png", f"DPO ({dcfg.loss_type}, beta={dcfg.beta})"
+        )
         run.update_summary({"dpo": results, "timing_s": {"dpo": round(time.perf_counter() - t_start, 2)}})
         run.mark_complete("dpo", cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()
-    line = f"[dpo] implicit-reward accuracy val {results.get('val_accuracy', float('nan')):.3f} test {results.get('test_accuracy', float('nan')):.3f}"
+    line = (
+        f"[dpo] implicit-reward accuracy val {results.get('val_accuracy', float('nan')):.3f} "
+        f"test {results.get('test_accuracy', float('nan')):.3f}"
+    )
     if results.get("reward_model_test_accuracy") is not None:
-        line += f" (reward model: val {results['reward_model_val_accuracy']:.3f} test {results['reward_model_test_accuracy']:.3f})"
+        line += (
+            f" (reward model: val {results['reward_model_val_accuracy']:.3f} "
+            f"test {results['reward_model_test_accuracy']:.3f})"
+        )
     if "win_rate_vs_sft" in results:
-        line += (f"; gold score {results['sft_gold_score_mean']:.3f} (SFT) -> {results['gold_score_mean']:.3f}, "
-                 f"win rate vs SFT {results['win_rate_vs_sft']:.3f} ({results['wins_vs_sft']}W/{results['losses_vs_sft']}L/{results['ties_vs_sft']}T)")
+        line += (
+            f"; gold score {results['sft_gold_score_mean']:.3f} (SFT) -> {results['gold_score_mean']:.3f}, "
+            f"win rate vs SFT {results['win_rate_vs_sft']:.3f} "
+            f"({results['wins_vs_sft']}W/{results['losses_vs_sft']}L/{results['ties_vs_sft']}T)"
+        )
     accelerator.print(line)
 
 

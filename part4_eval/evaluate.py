@@ -36,8 +36,15 @@ SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites
 class Answers:
     """One model's responses to a list of prompts, with everything measured about them."""
 
-    def __init__(self, prompts: list[str], texts: list[str], lengths: list[int], finished: list[bool],
-                 rewards: list[float], kls: list[float] | None):
+    def __init__(
+        self,
+        prompts: list[str],
+        texts: list[str],
+        lengths: list[int],
+        finished: list[bool],
+        rewards: list[float],
+        kls: list[float] | None,
+    ):
         self.prompts, self.texts, self.lengths, self.finished = prompts, texts, lengths, finished
         self.rewards, self.kls = rewards, kls
         self.by_prompt = dict(zip(prompts, texts))
@@ -45,8 +52,14 @@ class Answers:
     def rows(self, is_embedded: bool) -> list[dict]:
         rows = []
         for i, (prompt, text) in enumerate(zip(self.prompts, self.texts)):
-            row = {"prompt": prompt, "response": text, "reward": self.rewards[i], "length": self.lengths[i],
-                   "finished": self.finished[i], "kl": self.kls[i] if self.kls is not None else None}
+            row = {
+                "prompt": prompt,
+                "response": text,
+                "reward": self.rewards[i],
+                "length": self.lengths[i],
+                "finished": self.finished[i],
+                "kl": self.kls[i] if self.kls is not None else None,
+            }
             if is_embedded:
                 row["gold_score"] = task.gold_score(prompt, text)
             rows.append(row)
@@ -55,9 +68,16 @@ class Answers:
     def metrics(self, token_ids: list[list[int]], is_embedded: bool, kl_override: float | None = None) -> dict:
         reward_mean, reward_std = mean_std(self.rewards)
         kl_mean, kl_std = mean_std(self.kls) if self.kls is not None else (kl_override, 0.0)
-        result = {"n": len(self.prompts), "reward_mean": reward_mean, "reward_std": reward_std,
-                  "kl_to_ref": kl_mean, "kl_to_ref_std": kl_std, "length_mean": mean_std(self.lengths)[0],
-                  "eos_rate": sum(self.finished) / len(self.finished), "distinct_2": distinct_n(token_ids, 2)}
+        result = {
+            "n": len(self.prompts),
+            "reward_mean": reward_mean,
+            "reward_std": reward_std,
+            "kl_to_ref": kl_mean,
+            "kl_to_ref_std": kl_std,
+            "length_mean": mean_std(self.lengths)[0],
+            "eos_rate": sum(self.finished) / len(self.finished),
+            "distinct_2": distinct_n(token_ids, 2),
+        }
         if is_embedded:
             result.update(task.gold_summary(self.prompts, self.texts))
         return result
@@ -70,7 +90,9 @@ def sample(model, tokenizer, prompt_ids: list[list[int]], cfg, device) -> Rollou
     return generate_rollout(model.to(device), tokenizer, prompt_ids, sampling, batch_size=cfg.eval.batch_size)
 
 
-def answer(model, ref_model, reward_model, tokenizer, prompts: list[str], cfg, device, with_kl: bool = True) -> tuple[Answers, list[list[int]]]:
+def answer(
+    model, ref_model, reward_model, tokenizer, prompts: list[str], cfg, device, with_kl: bool = True
+) -> tuple[Answers, list[list[int]]]:
     rollout = sample(model, tokenizer, encode_texts(tokenizer, prompts), cfg, device)
     rewards = score_rollout(reward_model, rollout, cfg.eval.batch_size)
     kls = None
@@ -79,20 +101,30 @@ def answer(model, ref_model, reward_model, tokenizer, prompts: list[str], cfg, d
         ref_logprobs = rollout_logprobs(ref_model, rollout, cfg.eval.temperature, cfg.eval.batch_size)
         kls = sequence_kl(policy_logprobs, ref_logprobs, rollout.response_mask).tolist()
     token_ids = rollout.response_ids()
-    answers = Answers(prompts, rollout.texts(tokenizer), rollout.response_lengths.tolist(), rollout.finished.tolist(),
-                      rewards.tolist(), kls)
+    answers = Answers(
+        prompts,
+        rollout.texts(tokenizer),
+        rollout.response_lengths.tolist(),
+        rollout.finished.tolist(),
+        rewards.tolist(),
+        kls,
+    )
     return answers, token_ids
 
 
 def reward_scorer(reward_model, tokenizer, device, known: dict[tuple[str, str], float], batch_size: int):
     """score(prompts, responses) for the reward judge: reuses every score already computed."""
+
     @torch.no_grad()
     def score(prompts: list[str], responses: list[str]) -> list[float]:
         missing = sorted({(p, r) for p, r in zip(prompts, responses) if (p, r) not in known})
         for start in range(0, len(missing), batch_size):
-            chunk = missing[start:start + batch_size]
-            batch = collate_sequences(encode_texts(tokenizer, [p for p, _ in chunk]),
-                                      encode_responses(tokenizer, [r for _, r in chunk]), tokenizer.pad_token_id)
+            chunk = missing[start : start + batch_size]
+            batch = collate_sequences(
+                encode_texts(tokenizer, [p for p, _ in chunk]),
+                encode_responses(tokenizer, [r for _, r in chunk]),
+                tokenizer.pad_token_id,
+            )
             values = reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
             known.update(zip(chunk, values.tolist()))
         return [known[(p, r)] for p, r in zip(prompts, responses)]
@@ -105,7 +137,9 @@ def build_judges(cfg, run, is_embedded: bool, scorer) -> tuple[dict, dict]:
     requested = [name.strip() for name in cfg.eval.judges.split(",") if name.strip()]
     unknown = set(requested) - {"gold", "reward", "openai"}
     if unknown:
-        raise UserError(f"eval.judges has unknown judge(s) {', '.join(sorted(unknown))}; choose from gold, reward, openai")
+        raise UserError(
+            f"eval.judges has unknown judge(s) {', '.join(sorted(unknown))}; choose from gold, reward, openai"
+        )
     judges, skipped = {}, {}
     if "gold" in requested:
         if is_embedded:
@@ -166,14 +200,18 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"[eval] base model left out: {exc}")
         for name, model in models.items():
             started_at = time.perf_counter()
-            answers[name], token_ids = answer(model, ref_model, reward_model, tokenizer, prompts, cfg, device, with_kl=name != "sft")
+            answers[name], token_ids = answer(
+                model, ref_model, reward_model, tokenizer, prompts, cfg, device, with_kl=name != "sft"
+            )
             if name == "sft":
                 answers[name].kls = [0.0] * len(prompts)  # pi = pi_ref: the estimate is exactly zero
             metrics[name] = answers[name].metrics(token_ids, is_embedded)
             write_jsonl(out_dir / "responses" / f"{name}.jsonl", answers[name].rows(is_embedded))
-            print(f"[eval] {name}: reward {metrics[name]['reward_mean']:+.3f}  KL {metrics[name]['kl_to_ref']:.2f}"
-                  + (f"  gold {metrics[name]['gold_score_mean']:.3f}" if is_embedded else "")
-                  + f"  ({time.perf_counter() - started_at:.0f}s)")
+            print(
+                f"[eval] {name}: reward {metrics[name]['reward_mean']:+.3f}  KL {metrics[name]['kl_to_ref']:.2f}"
+                + (f"  gold {metrics[name]['gold_score_mean']:.3f}" if is_embedded else "")
+                + f"  ({time.perf_counter() - started_at:.0f}s)"
+            )
 
         # 4. Best-of-N from SFT ranked by the reward model: a reference point at a known KL.
         n_best = cfg.eval.best_of_n
@@ -182,27 +220,45 @@ def main(argv: list[str] | None = None) -> None:
         bon_all, bon_ids = answer(ref_model, ref_model, reward_model, tokenizer, repeated, cfg, device, with_kl=False)
         scores = torch.tensor(bon_all.rewards).view(len(bon_prompts), n_best)  # (P, N)
         curve = []
-        for n in sorted({2 ** k for k in range(n_best.bit_length()) if 2 ** k <= n_best} | {n_best}):
+        for n in sorted({2**k for k in range(n_best.bit_length()) if 2**k <= n_best} | {n_best}):
             picks = [p * n_best + j for p, j in enumerate(best_of_n_choice(scores, n).tolist())]
             point = {"n": n, "kl": best_of_n_kl(n), "reward_mean": mean_std([bon_all.rewards[i] for i in picks])[0]}
             if is_embedded:
-                point["gold_score_mean"] = mean_std([task.gold_score(bon_all.prompts[i], bon_all.texts[i]) for i in picks])[0]
+                point["gold_score_mean"] = mean_std(
+                    [task.gold_score(bon_all.prompts[i], bon_all.texts[i]) for i in picks]
+                )[0]
             curve.append(point)
         best = f"best_of_{n_best}"  # `picks` now holds the loop's last n, which is N
-        answers[best] = Answers(bon_prompts, [bon_all.texts[i] for i in picks], [bon_all.lengths[i] for i in picks],
-                                [bon_all.finished[i] for i in picks], [bon_all.rewards[i] for i in picks], None)
-        metrics[best] = answers[best].metrics([bon_ids[i] for i in picks], is_embedded, kl_override=best_of_n_kl(n_best))
+        answers[best] = Answers(
+            bon_prompts,
+            [bon_all.texts[i] for i in picks],
+            [bon_all.lengths[i] for i in picks],
+            [bon_all.finished[i] for i in picks],
+            [bon_all.rewards[i] for i in picks],
+            None,
+        )
+        metrics[best] = answers[best].metrics(
+            [bon_ids[i] for i in picks], is_embedded, kl_override=best_of_n_kl(n_best)
+        )
         write_jsonl(out_dir / "responses" / f"{best}.jsonl", answers[best].rows(is_embedded))
 
     # 5. Pairwise judges: each policy vs SFT, each pair of policies, and each model vs the dataset's chosen.
     known = {(p, t): r for a in answers.values() for p, t, r in zip(a.prompts, a.texts, a.rewards)}
-    judges, skipped = build_judges(cfg, run, is_embedded, reward_scorer(reward_model, tokenizer, device, known, cfg.eval.batch_size))
+    judges, skipped = build_judges(
+        cfg, run, is_embedded, reward_scorer(reward_model, tokenizer, device, known, cfg.eval.batch_size)
+    )
     contestants = [name for name in answers if name != "sft"]
     pairings = [(name, "sft") for name in contestants]
-    pairings += [(a, b) for i, a in enumerate(contestants) for b in contestants[i + 1:]]
+    pairings += [(a, b) for i, a in enumerate(contestants) for b in contestants[i + 1 :]]
     pairings += [(name, "chosen") for name in ["sft", *contestants]]
-    answers["chosen"] = Answers(prompts, [chosen_by_prompt[p] for p in prompts], [len(ids) for ids in encode_texts(tokenizer, [chosen_by_prompt[p] for p in prompts])],
-                                [True] * len(prompts), [], None)
+    answers["chosen"] = Answers(
+        prompts,
+        [chosen_by_prompt[p] for p in prompts],
+        [len(ids) for ids in encode_texts(tokenizer, [chosen_by_prompt[p] for p in prompts])],
+        [True] * len(prompts),
+        [],
+        None,
+    )
     win_rates: dict[str, dict] = {}
     records: dict[str, dict] = {}
     outcomes: dict[str, dict[str, list[str]]] = {}
@@ -240,35 +296,74 @@ def main(argv: list[str] | None = None) -> None:
     # 6. Failure and capability suites: every model answers each one.
     suites: dict[str, dict] = {}
     if cfg.eval.suites:
-        suite_prompts = {name: task.suite_prompts(name) for name in task.SUITES} if is_embedded else json.loads(SUITES_FILE.read_text())
+        suite_prompts = (
+            {name: task.suite_prompts(name) for name in task.SUITES}
+            if is_embedded
+            else json.loads(SUITES_FILE.read_text())
+        )
         with accelerator.autocast():
             for suite, suite_list in suite_prompts.items():
                 suite_rows = []
                 suites[suite] = {}
                 for name, model in models.items():
-                    result, _ = answer(model, ref_model, reward_model, tokenizer, suite_list, cfg, device, with_kl=False)
+                    result, _ = answer(
+                        model, ref_model, reward_model, tokenizer, suite_list, cfg, device, with_kl=False
+                    )
                     rows = result.rows(is_embedded)
-                    suite_rows += [{"suite": suite, "model": name, **{k: row[k] for k in ("prompt", "response", "reward", *(("gold_score",) if is_embedded else ()))}} for row in rows]
+                    suite_rows += [
+                        {
+                            "suite": suite,
+                            "model": name,
+                            **{
+                                k: row[k]
+                                for k in ("prompt", "response", "reward", *(("gold_score",) if is_embedded else ()))
+                            },
+                        }
+                        for row in rows
+                    ]
                     entry = {"n": len(rows), "reward_mean": mean_std(result.rewards)[0]}
                     if is_embedded:
                         entry["gold_score_mean"] = mean_std([row["gold_score"] for row in rows])[0]
-                        entry["gold_good_rate"] = sum(task.is_good(p, t) for p, t in zip(result.prompts, result.texts)) / len(rows)
+                        entry["gold_good_rate"] = sum(
+                            task.is_good(p, t) for p, t in zip(result.prompts, result.texts)
+                        ) / len(rows)
                     suites[suite][name] = entry
                 (out_dir / "suites").mkdir(exist_ok=True)
                 write_jsonl(out_dir / "suites" / f"{suite}.jsonl", suite_rows)
 
     # 7. Publish.
     write_json_atomic(out_dir / "win_rates.json", records)
-    decoding = {"temperature": cfg.eval.temperature, "top_p": cfg.eval.top_p, "max_new_tokens": cfg.eval.max_new_tokens,
-                "seed": cfg.eval.seed, "num_prompts": len(prompts)}
-    run.update_summary({"eval": {"models": metrics, "best_of_n": {"n": n_best, "n_prompts": len(bon_prompts), "curve": curve},
-                                 "win_rates": win_rates, "judge_agreement": judge_agreement, "judges": judges_info,
-                                 "suites": suites, "decoding": decoding},
-                        "timing_s": {"eval": round(time.perf_counter() - t_start, 2)}})
+    decoding = {
+        "temperature": cfg.eval.temperature,
+        "top_p": cfg.eval.top_p,
+        "max_new_tokens": cfg.eval.max_new_tokens,
+        "seed": cfg.eval.seed,
+        "num_prompts": len(prompts),
+    }
+    run.update_summary(
+        {
+            "eval": {
+                "models": metrics,
+                "best_of_n": {"n": n_best, "n_prompts": len(bon_prompts), "curve": curve},
+                "win_rates": win_rates,
+                "judge_agreement": judge_agreement,
+                "judges": judges_info,
+                "suites": suites,
+                "decoding": decoding,
+            },
+            "timing_s": {"eval": round(time.perf_counter() - t_start, 2)},
+        }
+    )
     run.mark_complete("eval", cfg, {"models": list(metrics)})
     if "gold" in win_rates:
-        print("[eval] gold win rate vs SFT: " + ", ".join(f"{k.split('_vs_')[0]} {v['win_rate']:.3f}"
-                                                       for k, v in win_rates["gold"].items() if k.endswith("_vs_sft")))
+        print(
+            "[eval] gold win rate vs SFT: "
+            + ", ".join(
+                f"{k.split('_vs_')[0]} {v['win_rate']:.3f}"
+                for k, v in win_rates["gold"].items()
+                if k.endswith("_vs_sft")
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -19,15 +19,33 @@ from pathlib import Path
 
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
-from rlhf.plots import (REPORT_CURVE_KEYS, plot_model_lengths, plot_model_rewards, plot_reward_vs_kl, plot_stage_curves,
-                        plot_win_rate_heatmaps)
-from rlhf.report import (STAGE_LABELS, TRAINED_STAGES, RunData, eval_models, is_number, model_label, order_models, render_report,
-                         win_rate_matrix)
+from rlhf.plots import (
+    REPORT_CURVE_KEYS,
+    plot_model_lengths,
+    plot_model_rewards,
+    plot_reward_vs_kl,
+    plot_stage_curves,
+    plot_win_rate_heatmaps,
+)
+from rlhf.report import (
+    STAGE_LABELS,
+    TRAINED_STAGES,
+    RunData,
+    eval_models,
+    is_number,
+    model_label,
+    order_models,
+    render_report,
+    win_rate_matrix,
+)
 from rlhf.run import RunDir, write_text_atomic
 
 # Figures other stages drew, linked from the report when present (key -> path in the run folder).
-STAGE_FIGURES = {"data_lengths": "data/lengths.png", "reward_test": "reward/rewards_test.png",
-                 **{f"curves_{stage}": f"{stage}/curves.png" for stage in TRAINED_STAGES}}
+STAGE_FIGURES = {
+    "data_lengths": "data/lengths.png",
+    "reward_test": "reward/rewards_test.png",
+    **{f"curves_{stage}": f"{stage}/curves.png" for stage in TRAINED_STAGES},
+}
 
 
 def read_jsonl_tolerant(path: Path, problems: list[str]) -> list[dict]:
@@ -81,19 +99,40 @@ def safetensors_parameter_count(model_dir: Path) -> int | None:
 def load_run(run: RunDir, cfg, problems: list[str]) -> tuple[RunData, dict[str, list[dict]]]:
     """Everything the report shows, read from the run folder; also each stage's metrics rows."""
     summary = run.read_summary()
-    responses = {path.stem: read_jsonl_tolerant(path, problems) for path in sorted((run.stage("eval") / "responses").glob("*.jsonl"))}
-    suite_rows = {path.stem: read_jsonl_tolerant(path, problems) for path in sorted((run.stage("eval") / "suites").glob("*.jsonl"))}
-    histories = {stage: read_jsonl_tolerant(run.stage(stage) / "metrics.jsonl", problems)
-                 for stage in TRAINED_STAGES if (run.stage(stage) / "metrics.jsonl").is_file()}
+    responses = {
+        path.stem: read_jsonl_tolerant(path, problems)
+        for path in sorted((run.stage("eval") / "responses").glob("*.jsonl"))
+    }
+    suite_rows = {
+        path.stem: read_jsonl_tolerant(path, problems)
+        for path in sorted((run.stage("eval") / "suites").glob("*.jsonl"))
+    }
+    histories = {
+        stage: read_jsonl_tolerant(run.stage(stage) / "metrics.jsonl", problems)
+        for stage in TRAINED_STAGES
+        if (run.stage(stage) / "metrics.jsonl").is_file()
+    }
     try:
         n_params = safetensors_parameter_count(run.model_dir("sft"))
     except (OSError, ValueError, KeyError, struct.error) as exc:
         problems.append(f"{run.model_dir('sft')}: could not read the safetensors header ({exc})")
         n_params = None
-    model = {"name_or_path": cfg.model.name_or_path, "init": cfg.model.init, "model_type": cfg.model.model_type,
-             "config_overrides": dict(cfg.model.config_overrides or {}), "n_params": n_params}
-    data = RunData(summary=summary, preset=run.preset, run_dir=str(run.root), model=model, responses=responses,
-                   suite_rows=suite_rows, error_analysis=read_json_optional(run.stage("reward") / "error_analysis.json", problems))
+    model = {
+        "name_or_path": cfg.model.name_or_path,
+        "init": cfg.model.init,
+        "model_type": cfg.model.model_type,
+        "config_overrides": dict(cfg.model.config_overrides or {}),
+        "n_params": n_params,
+    }
+    data = RunData(
+        summary=summary,
+        preset=run.preset,
+        run_dir=str(run.root),
+        model=model,
+        responses=responses,
+        suite_rows=suite_rows,
+        error_analysis=read_json_optional(run.stage("reward") / "error_analysis.json", problems),
+    )
     return data, histories
 
 
@@ -103,10 +142,18 @@ def draw_figures(data: RunData, histories: dict[str, list[dict]], out_dir: Path,
     models = eval_models(data.summary)
     names = order_models(models)
     bon = ev.get("best_of_n") or {}
-    points = {model_label(name): {"kl": models[name].get("kl_to_ref"), "reward": models[name].get("reward_mean"),
-                                  "gold": models[name].get("gold_score_mean")} for name in names}
-    curve = [{"n": p.get("n"), "kl": p.get("kl"), "reward": p.get("reward_mean"), "gold": p.get("gold_score_mean")}
-             for p in bon.get("curve") or []]
+    points = {
+        model_label(name): {
+            "kl": models[name].get("kl_to_ref"),
+            "reward": models[name].get("reward_mean"),
+            "gold": models[name].get("gold_score_mean"),
+        }
+        for name in names
+    }
+    curve = [
+        {"n": p.get("n"), "kl": p.get("kl"), "reward": p.get("reward_mean"), "gold": p.get("gold_score_mean")}
+        for p in bon.get("curve") or []
+    ]
     response_models = order_models(name for name, rows in data.responses.items() if rows)
     rewards = {model_label(m): [row.get("reward") for row in data.responses[m]] for m in response_models}
     lengths = {model_label(m): [row.get("length") for row in data.responses[m]] for m in response_models}
@@ -117,7 +164,9 @@ def draw_figures(data: RunData, histories: dict[str, list[dict]], out_dir: Path,
         if labels:
             matrices[judge] = ([model_label(m) for m in labels], cells)
     jobs = {
-        "reward_vs_kl": lambda path: plot_reward_vs_kl(points, curve, f"best-of-N (SFT, N ≤ {bon.get('n', '?')})", path),
+        "reward_vs_kl": lambda path: plot_reward_vs_kl(
+            points, curve, f"best-of-N (SFT, N ≤ {bon.get('n', '?')})", path
+        ),
         "reward_distributions": lambda path: plot_model_rewards(rewards, path),
         "win_rates": lambda path: plot_win_rate_heatmaps(matrices, path),
         "training_curves": lambda path: plot_stage_curves(histories, REPORT_CURVE_KEYS, path, STAGE_LABELS),
@@ -130,7 +179,7 @@ def draw_figures(data: RunData, histories: dict[str, list[dict]], out_dir: Path,
         try:
             if draw(path):
                 drawn[key] = f"{out_dir.name}/{path.name}"  # relative to report.md in the run folder
-        except Exception as exc:  # noqa: BLE001  (one bad figure must not cost the whole report)
+        except Exception as exc:
             problems.append(f"figure {key}.png failed: {type(exc).__name__}: {exc}")
     return drawn
 

@@ -76,24 +76,47 @@ def csv(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None):
-    parser = argparse.ArgumentParser(prog="overoptimization.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="overoptimization.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--preset", help="configs/NAME.yaml (default: tiny)")
     source.add_argument("--config", help="any YAML config file")
-    parser.add_argument("--output-dir", help="the run folder with completed data, sft and reward stages (default: outputs/<preset>)")
+    parser.add_argument(
+        "--output-dir", help="the run folder with completed data, sft and reward stages (default: outputs/<preset>)"
+    )
     parser.add_argument("--force", action="store_true", help="re-run every variant and best-of-N even if complete")
     parser.add_argument("--methods", default="ppo,grpo", help="RL methods to train (default: ppo,grpo)")
-    parser.add_argument("--rewards", default=None, help="rm (the reward model) and/or gold (embedded task only); default: rm,gold on "
-                                                        "the embedded task, else rm")
-    parser.add_argument("--kl-coefs", default="0.01", help="KL penalty coefficients, one run per value and method "
-                                                           "(<stage>.kl_coef; default: 0.01, low)")
-    parser.add_argument("--ppo-episodes", type=int, default=None, help="PPO responses per run (default: ppo.total_episodes)")
-    parser.add_argument("--grpo-episodes", type=int, default=None, help="GRPO responses per run (default: grpo.total_episodes)")
-    parser.add_argument("--points", type=int, default=4, help="held-out evaluations along each run besides the start (default: 4)")
-    parser.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts per evaluation (default: ppo.eval_prompts)")
-    parser.add_argument("--best-of-n", default="1,2,4,8,16", help="n values for best-of-n from SFT (default: 1,2,4,8,16)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides, as for every stage")
+    parser.add_argument(
+        "--rewards",
+        default=None,
+        help="rm (the reward model) and/or gold (embedded task only); default: rm,gold on the embedded task, else rm",
+    )
+    parser.add_argument(
+        "--kl-coefs",
+        default="0.01",
+        help="KL penalty coefficients, one run per value and method (<stage>.kl_coef; default: 0.01, low)",
+    )
+    parser.add_argument(
+        "--ppo-episodes", type=int, default=None, help="PPO responses per run (default: ppo.total_episodes)"
+    )
+    parser.add_argument(
+        "--grpo-episodes", type=int, default=None, help="GRPO responses per run (default: grpo.total_episodes)"
+    )
+    parser.add_argument(
+        "--points", type=int, default=4, help="held-out evaluations along each run besides the start (default: 4)"
+    )
+    parser.add_argument(
+        "--eval-prompts", type=int, default=None, help="held-out prompts per evaluation (default: ppo.eval_prompts)"
+    )
+    parser.add_argument(
+        "--best-of-n", default="1,2,4,8,16", help="n values for best-of-n from SFT (default: 1,2,4,8,16)"
+    )
+    parser.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="config overrides, as for every stage"
+    )
     return parser.parse_args(argv)
 
 
@@ -111,7 +134,9 @@ def plan_variants(args, cfg, is_embedded: bool) -> list[Variant]:
     if not methods or set(methods) - set(METHOD_LABELS):
         raise UserError(f"--methods {args.methods!r}: choose from {', '.join(METHOD_LABELS)}")
     if not rewards or set(rewards) - set(REWARD_SPECS):
-        raise UserError(f"--rewards {args.rewards!r}: choose from rm (the reward model), gold (the embedded task's gold judge)")
+        raise UserError(
+            f"--rewards {args.rewards!r}: choose from rm (the reward model), gold (the embedded task's gold judge)"
+        )
     if "gold" in rewards and not is_embedded:
         raise UserError("--rewards gold needs the embedded task's gold judge (data.path=embedded); use --rewards rm")
     try:
@@ -128,13 +153,21 @@ def plan_variants(args, cfg, is_embedded: bool) -> list[Variant]:
         episodes = {"ppo": args.ppo_episodes, "grpo": args.grpo_episodes}[method] or getattr(cfg, method).total_episodes
         iterations = episodes // getattr(cfg, method).batch_size
         if iterations < 1:
-            raise UserError(f"--{method}-episodes {episodes} is less than one batch ({method}.batch_size={getattr(cfg, method).batch_size})")
+            raise UserError(
+                f"--{method}-episodes {episodes} is less than one batch "
+                f"({method}.batch_size={getattr(cfg, method).batch_size})"
+            )
         every = eval_every_for(iterations, args.points)
         for reward in rewards:
             for kl_coef in kl_coefs:
                 name = f"{method}_{reward}" + (f"_kl{kl_coef:g}" if len(kl_coefs) > 1 else "")
-                overrides = [f"{method}.reward={REWARD_SPECS[reward]}", f"{method}.kl_coef={kl_coef}", f"{method}.total_episodes={episodes}",
-                             f"{method}.eval_every={every}", f"{method}.eval_prompts={eval_prompts}"]
+                overrides = [
+                    f"{method}.reward={REWARD_SPECS[reward]}",
+                    f"{method}.kl_coef={kl_coef}",
+                    f"{method}.total_episodes={episodes}",
+                    f"{method}.eval_every={every}",
+                    f"{method}.eval_prompts={eval_prompts}",
+                ]
                 if method == "ppo":
                     overrides.append("ppo.kl_target=null")  # a fixed beta: the KL budget comes from training longer
                 variants.append(Variant(name, method, reward, kl_coef, iterations, every, overrides))
@@ -159,8 +192,13 @@ def best_of_n(cfg, run, ns: list[int], n_prompts: int, is_embedded: bool, cache:
     sampling settings (PPO's). The samples are scored once for the largest n; the points are
     cached in `cache` with everything they depend on, so a re-run only re-plots."""
     sampling = SamplingConfig(cfg.ppo.max_new_tokens, cfg.ppo.temperature, cfg.ppo.top_p, cfg.ppo.top_k)
-    key = {"reward_fingerprint": run.fingerprint("reward", cfg), "ns": ns, "eval_prompts": n_prompts, "seed": cfg.run.seed,
-           "sampling": asdict(sampling)}
+    key = {
+        "reward_fingerprint": run.fingerprint("reward", cfg),
+        "ns": ns,
+        "eval_prompts": n_prompts,
+        "seed": cfg.run.seed,
+        "sampling": asdict(sampling),
+    }
     if cache.is_file() and not force:
         cached = json.loads(cache.read_text())
         if cached.get("key") == key:
@@ -179,12 +217,15 @@ def best_of_n(cfg, run, ns: list[int], n_prompts: int, is_embedded: bool, cache:
     repeated_texts = [text for text in prompts.eval_texts for _ in range(N)]
     print(f"[overopt] best-of-n: {len(prompts.eval_ids)} prompts x {N} SFT samples")
     with accelerator.autocast():
-        samples = sample_for_eval(sft, tokenizer, repeated_ids, sampling, cfg.run.seed, cfg.ppo.forward_batch_size, reward_model,
-                                  accelerator)
+        samples = sample_for_eval(
+            sft, tokenizer, repeated_ids, sampling, cfg.run.seed, cfg.ppo.forward_batch_size, reward_model, accelerator
+        )
     proxy = torch.tensor(samples["rewards"]).view(-1, N)  # (P, N)
     gold = None
     if is_embedded:
-        gold = torch.tensor(load_reward_function(GOLD_REWARD, "overopt")(repeated_texts, samples["responses"])).view(-1, N)  # (P, N)
+        gold = torch.tensor(load_reward_function(GOLD_REWARD, "overopt")(repeated_texts, samples["responses"])).view(
+            -1, N
+        )  # (P, N)
     points = best_of_n_points(proxy, gold, ns)
     write_json_atomic(cache, {"key": key, "points": points})
     print(f"[overopt] best-of-n done in {time.perf_counter() - started:.0f}s")
@@ -194,7 +235,9 @@ def best_of_n(cfg, run, ns: list[int], n_prompts: int, is_embedded: bool, cache:
 def main(argv: list[str] | None = None) -> None:
     # 1. Flags and config, checked before anything trains: the main run must have data, sft and reward.
     args = parse_args(argv)
-    cfg, run, _ = parse_stage_args("overopt", base_args(args) + (["--output-dir", args.output_dir] if args.output_dir else []) + args.overrides)
+    cfg, run, _ = parse_stage_args(
+        "overopt", base_args(args) + (["--output-dir", args.output_dir] if args.output_dir else []) + args.overrides
+    )
     for stage in LINKED_STAGES:
         run.require(stage, cfg)
     is_embedded = cfg.data.path == "embedded"
@@ -219,15 +262,22 @@ def main(argv: list[str] | None = None) -> None:
     launch = shlex.split(os.environ.get("RLHF_LAUNCH", "")) or [sys.executable]
     for k, variant in enumerate(variants, 1):
         link_inputs(run.root, out_dir / variant.name)
-        print(f"[overopt] ({k}/{len(variants)}) {variant.name}: {METHOD_LABELS[variant.method]} against the "
-              f"{REWARD_LABELS[variant.reward]}, kl_coef {variant.kl_coef:g}, {variant.iterations} iterations, "
-              f"held-out evaluation every {variant.eval_every}", flush=True)
+        print(
+            f"[overopt] ({k}/{len(variants)}) {variant.name}: {METHOD_LABELS[variant.method]} against the "
+            f"{REWARD_LABELS[variant.reward]}, kl_coef {variant.kl_coef:g}, {variant.iterations} iterations, "
+            f"held-out evaluation every {variant.eval_every}",
+            flush=True,
+        )
         started = time.perf_counter()
         result = subprocess.run([*launch, str(REPO_ROOT / STAGE_SCRIPTS[variant.method]), *commands[variant.name]])
         if result.returncode != 0:
-            raise UserError(f"variant {variant.name} failed (exit {result.returncode}, output above); fix it and re-run the same "
-                            f"command: finished variants are reused")
-        print(f"[overopt] ({k}/{len(variants)}) {variant.name} done in {time.perf_counter() - started:.0f}s", flush=True)
+            raise UserError(
+                f"variant {variant.name} failed (exit {result.returncode}, output above); fix it and re-run the same "
+                f"command: finished variants are reused"
+            )
+        print(
+            f"[overopt] ({k}/{len(variants)}) {variant.name} done in {time.perf_counter() - started:.0f}s", flush=True
+        )
 
     # 3. Best-of-n from the SFT policy, ranked by the reward model.
     bon = best_of_n(cfg, run, ns, n_prompts, is_embedded, out_dir / "best_of_n.json", args.force)
@@ -236,20 +286,44 @@ def main(argv: list[str] | None = None) -> None:
     curves = []
     for variant in variants:
         batch_size = getattr(cfg, variant.method).batch_size
-        points = eval_points(read_jsonl(out_dir / variant.name / variant.method / "metrics.jsonl"), variant.method, batch_size)
+        points = eval_points(
+            read_jsonl(out_dir / variant.name / variant.method / "metrics.jsonl"), variant.method, batch_size
+        )
         label = f"{METHOD_LABELS[variant.method]} vs {'RM' if variant.reward == 'rm' else 'gold'}"
-        curves.append({"label": label + (f" (kl {variant.kl_coef:g})" if len(csv(args.kl_coefs)) > 1 else ""), "method": variant.method,
-                       "reward": variant.reward, "reward_spec": REWARD_SPECS[variant.reward], "kl_coef": variant.kl_coef,
-                       "run": str(out_dir / variant.name), "eval_every": variant.eval_every, "points": points})
-    curves.append({"label": "best-of-N (RM picks)", "method": "best_of_n", "reward": "rm", "reward_spec": MODEL, "points": bon})
-    settings = {"eval_prompts": n_prompts, "seed": cfg.run.seed, "best_of_n": ns, "x": "sqrt_kl = sqrt(max(KL to SFT, 0)), nats^0.5",
-                "proxy": "mean reward-model score (no EOS penalty)", "gold": "mean gold score (embedded task)" if is_embedded else None}
+        curves.append(
+            {
+                "label": label + (f" (kl {variant.kl_coef:g})" if len(csv(args.kl_coefs)) > 1 else ""),
+                "method": variant.method,
+                "reward": variant.reward,
+                "reward_spec": REWARD_SPECS[variant.reward],
+                "kl_coef": variant.kl_coef,
+                "run": str(out_dir / variant.name),
+                "eval_every": variant.eval_every,
+                "points": points,
+            }
+        )
+    curves.append(
+        {"label": "best-of-N (RM picks)", "method": "best_of_n", "reward": "rm", "reward_spec": MODEL, "points": bon}
+    )
+    settings = {
+        "eval_prompts": n_prompts,
+        "seed": cfg.run.seed,
+        "best_of_n": ns,
+        "x": "sqrt_kl = sqrt(max(KL to SFT, 0)), nats^0.5",
+        "proxy": "mean reward-model score (no EOS penalty)",
+        "gold": "mean gold score (embedded task)" if is_embedded else None,
+    }
     write_json_atomic(out_dir / "overoptimization.json", {"settings": settings, "curves": curves})
     plot_overoptimization(curves, out_dir / "overoptimization.png")
     for curve in curves:
-        print(f"[overopt] {curve['label']:<24} " + "  ".join(
-            f"d={p['sqrt_kl']:.2f}: RM {p['proxy_score']:+.2f}" + (f" gold {p['gold_score']:.2f}" if p["gold_score"] is not None else "")
-            for p in curve["points"]))
+        print(
+            f"[overopt] {curve['label']:<24} "
+            + "  ".join(
+                f"d={p['sqrt_kl']:.2f}: RM {p['proxy_score']:+.2f}"
+                + (f" gold {p['gold_score']:.2f}" if p["gold_score"] is not None else "")
+                for p in curve["points"]
+            )
+        )
     print(f"[overopt] wrote {out_dir / 'overoptimization.json'} and {out_dir / 'overoptimization.png'}")
 
 

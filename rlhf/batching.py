@@ -51,8 +51,13 @@ def encode_pairs(tokenizer, rows: list[dict]) -> list[EncodedPair]:
     return [EncodedPair(p, c, r) for p, c, r in zip(prompts, chosen, rejected)]
 
 
-def collate_sequences(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
-                      max_prompt_tokens: int | None = None, max_response_tokens: int | None = None) -> dict[str, torch.Tensor]:
+def collate_sequences(
+    prompts: list[list[int]],
+    responses: list[list[int]],
+    pad_id: int,
+    max_prompt_tokens: int | None = None,
+    max_response_tokens: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Right-padded `[prompt][response]` rows. Over-long prompts lose their *oldest* tokens (left
     truncation keeps the question nearest the answer); over-long responses lose their end."""
     rows, masks = [], []
@@ -72,17 +77,22 @@ def collate_sequences(prompts: list[list[int]], responses: list[list[int]], pad_
     return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask}
 
 
-def collate_pairs(pairs: list[EncodedPair], pad_id: int, max_prompt_tokens: int | None = None,
-                  max_response_tokens: int | None = None) -> dict[str, torch.Tensor]:
+def collate_pairs(
+    pairs: list[EncodedPair], pad_id: int, max_prompt_tokens: int | None = None, max_response_tokens: int | None = None
+) -> dict[str, torch.Tensor]:
     """Chosen rows then rejected rows in one batch of 2B, for a single concatenated forward pass."""
     prompts = [p.prompt_ids for p in pairs] * 2
     responses = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
     return collate_sequences(prompts, responses, pad_id, max_prompt_tokens, max_response_tokens)
 
 
-def collate_shared_prompt_pairs(pairs: list[EncodedPair], pad_id: int, max_prompt_tokens: int | None = None,
-                                max_response_tokens: int | None = None,
-                                response_values: list[tuple[list[float], list[float]]] | None = None) -> dict[str, torch.Tensor]:
+def collate_shared_prompt_pairs(
+    pairs: list[EncodedPair],
+    pad_id: int,
+    max_prompt_tokens: int | None = None,
+    max_response_tokens: int | None = None,
+    response_values: list[tuple[list[float], list[float]]] | None = None,
+) -> dict[str, torch.Tensor]:
     """One row per pair, `[prompt][chosen][rejected]`, with the prompt encoded once for both responses.
 
     The attention mask is 4-D, `(B, 1, T, T)`, True where a query may attend a key: causal, and a
@@ -105,7 +115,9 @@ def collate_shared_prompt_pairs(pairs: list[EncodedPair], pad_id: int, max_promp
             chosen_values, rejected_values = (torch.as_tensor(v, dtype=torch.float32) for v in response_values[i])
             if len(chosen_values) < len(chosen) or len(rejected_values) < len(rejected):
                 raise ValueError(f"pair {i}: response_values must hold one value per response token")
-            values.append(torch.cat([torch.zeros(len(prompt)), chosen_values[:len(chosen)], rejected_values[:len(rejected)]]))
+            values.append(
+                torch.cat([torch.zeros(len(prompt)), chosen_values[: len(chosen)], rejected_values[: len(rejected)]])
+            )
         rows.append(prompt + chosen + rejected)
         segments.append([0] * len(prompt) + [1] * len(chosen) + [2] * len(rejected))
         positions.append(list(range(len(prompt) + len(chosen))) + list(range(len(prompt), len(prompt) + len(rejected))))
@@ -120,12 +132,20 @@ def collate_shared_prompt_pairs(pairs: list[EncodedPair], pad_id: int, max_promp
         position_ids[i, : len(row)] = torch.tensor(pos)
     query, key = segment[:, :, None], segment[:, None, :]  # (B, T, 1), (B, 1, T)
     causal = torch.ones(width, width, dtype=torch.bool).tril()  # (T, T)
-    visible = ((key == 0) | (key == query)) & (key >= 0) & (query >= 0)  # real tokens: the prompt and their own response
+    visible = (
+        ((key == 0) | (key == query)) & (key >= 0) & (query >= 0)
+    )  # real tokens: the prompt and their own response
     attention_mask = (causal & visible) | (torch.eye(width, dtype=torch.bool) & (query < 0))  # (B, T, T)
     chosen_mask, rejected_mask = (segment == 0) | (segment == 1), (segment == 0) | (segment == 2)  # (B, T)
-    batch = {"input_ids": input_ids, "position_ids": position_ids, "attention_mask": attention_mask.unsqueeze(1),
-             "chosen_mask": chosen_mask, "rejected_mask": rejected_mask,
-             "chosen_last": torch.tensor(chosen_last), "rejected_last": torch.tensor([len(row) - 1 for row in rows])}
+    batch = {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "attention_mask": attention_mask.unsqueeze(1),
+        "chosen_mask": chosen_mask,
+        "rejected_mask": rejected_mask,
+        "chosen_last": torch.tensor(chosen_last),
+        "rejected_last": torch.tensor([len(row) - 1 for row in rows]),
+    }
     if response_values is not None:
         batch["response_values"] = torch.zeros((len(rows), width))  # (B, T)
         for i, row_values in enumerate(values):
@@ -140,6 +160,6 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # (B, P)
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)  # (B, P)
     for i, prompt in enumerate(prompts):
-        input_ids[i, width - len(prompt):] = torch.tensor(prompt)
-        attention_mask[i, width - len(prompt):] = 1
+        input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[i, width - len(prompt) :] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask}

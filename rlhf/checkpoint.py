@@ -52,7 +52,9 @@ def resolve_complete(final: Path, marker: str) -> Path | None:
     return None
 
 
-def save_pretrained_atomic(model: torch.nn.Module, tokenizer, final: Path, extra_json: dict[str, dict] | None = None) -> None:
+def save_pretrained_atomic(
+    model: torch.nn.Module, tokenizer, final: Path, extra_json: dict[str, dict] | None = None
+) -> None:
     """`save_pretrained` (safetensors) + tokenizer + extra JSON files, published atomically.
 
     `model` must be the unwrapped, uncompiled module so parameter names carry no wrapper prefix.
@@ -67,7 +69,8 @@ def save_pretrained_atomic(model: torch.nn.Module, tokenizer, final: Path, extra
 
 
 def _rng_state() -> dict:
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    # legacy global RNG on purpose: its state is saved so a resumed run continues the exact same numpy stream
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # noqa: NPY002
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -83,7 +86,8 @@ def _set_rng_state(state: dict) -> None:
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
     kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    # restore numpy's legacy global RNG for an exact resume (see _rng_state)
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))  # noqa: NPY002
 
 
 def save_training_state(final: Path, model: torch.nn.Module, optimizer, scheduler, state: dict) -> None:

@@ -12,8 +12,8 @@ import argparse
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rlhf.config import Config, load_config, preset_path
 from rlhf.errors import UserError
@@ -23,7 +23,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config, RunDir, bool]:
-    parser = argparse.ArgumentParser(prog=f"{stage} stage", description=f"Run the '{stage}' stage of the RLHF pipeline.")
+    parser = argparse.ArgumentParser(
+        prog=f"{stage} stage", description=f"Run the '{stage}' stage of the RLHF pipeline."
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--preset", help="configs/NAME.yaml (default: tiny)")
     source.add_argument("--config", help="any YAML config file")
@@ -40,8 +42,12 @@ def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config,
     return cfg, RunDir(cfg.run.output_dir, preset=name), args.force
 
 
-def start_stage(stage: str, argv: list[str] | None = None, requires: tuple[str, ...] = (),
-                check: Callable[[Config], None] | None = None) -> tuple[Config, RunDir] | None:
+def start_stage(
+    stage: str,
+    argv: list[str] | None = None,
+    requires: tuple[str, ...] = (),
+    check: Callable[[Config], None] | None = None,
+) -> tuple[Config, RunDir] | None:
     """Parse the command line; None (after saying so) when the stage already completed for this config.
 
     `check` (config-only rules) must pass, and then the input stages in `requires` must be complete
@@ -72,5 +78,9 @@ def run_stage(main: Callable[[list[str] | None], None]) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
-        print(f"interrupted after {time.perf_counter() - start:.0f}s; re-run the same command to resume from the last checkpoint", file=sys.stderr)
+        print(
+            f"interrupted after {time.perf_counter() - start:.0f}s; "
+            "re-run the same command to resume from the last checkpoint",
+            file=sys.stderr,
+        )
         sys.exit(130)

@@ -99,26 +99,35 @@ class SFTConfig(TrainConfig):
 
 @dataclass
 class RewardConfig(TrainConfig):
-    pooling: str = "last"  # "last": score at the last real token (HF sequence classification); "mean": MLP on mean-pooled states
+    # "last": score at the last real token (HF sequence classification); "mean": MLP on mean-pooled states
+    pooling: str = "last"
     margin: float = 0.0  # constant margin m in -log sigma(r_c - r_r - m)
     label_smoothing: float = 0.0  # assumed share of flipped labels, in [0, 0.5): see rlhf.losses.bradley_terry_loss
     head_hidden: int = 256  # hidden width of the MLP head (mean pooling only)
     head_dropout: float = 0.1  # dropout in the MLP head (mean pooling only)
-    normalize: bool = True  # fold an offset into the head so reference responses (SFT demonstrations: val chosen) score mean 0 (Huang et al. 2024)
+    # fold an offset into the head so reference responses (SFT demonstrations: val chosen) score mean 0
+    # (Huang et al. 2024)
+    normalize: bool = True
     error_examples: int = 5  # misclassified examples saved per error category
-    logprob_distill_coef: float = 0.0  # weight of an auxiliary loss: a linear head on every response token regresses the SFT policy's (standardised) log-prob of that token; 0 turns it off
+    # weight of an auxiliary loss: a linear head on every response token regresses the SFT policy's (standardised)
+    # log-prob of that token; 0 turns it off
+    logprob_distill_coef: float = 0.0
 
 
 @dataclass
 class DPOConfig(TrainConfig):
     """Direct preference optimisation and its family (Rafailov et al. 2023, arXiv 2305.18290)."""
 
-    loss_type: str = "sigmoid"  # key of rlhf.losses.DPO_LOSSES: "sigmoid" (DPO), "ipo" (Azar et al. 2023), "cdpo" (conservative DPO)
-    beta: float = 0.1  # implicit-KL strength: reward = beta * (log pi - log pi_ref); Rafailov et al. 2023 use 0.1 (IPO: its tau)
+    # key of rlhf.losses.DPO_LOSSES: "sigmoid" (DPO), "ipo" (Azar et al. 2023), "cdpo" (conservative DPO)
+    loss_type: str = "sigmoid"
+    # implicit-KL strength: reward = beta * (log pi - log pi_ref); Rafailov et al. 2023 use 0.1 (IPO: its tau)
+    beta: float = 0.1
     label_smoothing: float = 0.0  # cdpo only: assumed probability that a preference label is flipped
-    precompute_ref: bool = True  # reference logps from one forward-only pass, cached in <run>/dpo/; false: reference model kept in memory
+    # reference logps from one forward-only pass, cached in <run>/dpo/; false: reference model kept in memory
+    precompute_ref: bool = True
     max_train_pairs: int | None = None  # train on a seeded random subset of this many train pairs (None: all)
-    eval_prompts: int = 200  # held-out (val) prompts sampled from both the SFT and the DPO policy; judged by the gold judge on the embedded task
+    # held-out (val) prompts sampled from both the SFT and the DPO policy; judged by the gold judge on the embedded task
+    eval_prompts: int = 200
     temperature: float = 0.7  # sampling temperature for those samples; same seed and settings for both policies
 
 
@@ -130,47 +139,67 @@ class RLConfig:
     lr: float = 3e-6  # peak learning rate (Huang et al. 2024: 3e-6)
     adam_eps: float = 1e-5  # AdamW epsilon (Huang et al. 2024)
     weight_decay: float = 0.0  # AdamW decoupled weight decay (matrices only)
-    scheduler: str = "linear"  # transformers scheduler over optimizer steps: linear (to 0, TRL's default), cosine, constant, ...
+    # transformers scheduler over optimizer steps: linear (to 0, TRL's default), cosine, constant, ...
+    scheduler: str = "linear"
     warmup_ratio: float = 0.0  # share of optimizer steps spent in linear warmup
     max_grad_norm: float = 1.0  # gradient clipping; 0 disables
     total_episodes: int = 10_000  # responses sampled over the stage; iterations = total_episodes // batch_size
     batch_size: int = 64  # responses sampled and scored per iteration (global, all processes)
     num_minibatches: int = 1  # optimizer steps per epoch over one rollout batch (Huang et al. 2024: 1)
     micro_batch_size: int = 8  # per-process forward/backward batch; accumulation fills a minibatch
-    forward_batch_size: int = 32  # per-process batch for no-grad passes: generation, policy/reference/reward/value scoring
+    # per-process batch for no-grad passes: generation, policy/reference/reward/value scoring
+    forward_batch_size: int = 32
     epochs: int = 4  # optimisation passes over each rollout batch (Huang et al. 2024: 4 PPO epochs)
     clip: float = 0.2  # policy ratio clip epsilon: rho in [1 - clip, 1 + clip_high]
     clip_high: float | None = None  # upper ratio clip; None: same as clip (DAPO's clip-higher: 0.28)
     max_new_tokens: int = 64  # response budget in tokens; a response without EOS by then is unfinished
-    temperature: float = 0.7  # sampling temperature, also dividing the logits whenever log-probs are recomputed (Huang et al. 2024)
-    top_p: float = 1.0  # nucleus sampling; < 1 samples from a truncated distribution that recomputed log-probs do not model
+    # sampling temperature, also dividing the logits whenever log-probs are recomputed (Huang et al. 2024)
+    temperature: float = 0.7
+    # nucleus sampling; < 1 samples from a truncated distribution that recomputed log-probs do not model
+    top_p: float = 1.0
     top_k: int = 0  # top-k sampling (0: off); same caveat as top_p
-    missing_eos_penalty: float = 1.0  # subtracted from the reward-model score of a response with no EOS (Huang et al. 2024, EOS trick)
+    # subtracted from the reward-model score of a response with no EOS (Huang et al. 2024, EOS trick)
+    missing_eos_penalty: float = 1.0
     save_every: int = 10  # iterations between resumable checkpoints; 0: never
     samples_every: int = 10  # iterations between appends of generated samples to samples.jsonl; 0: never
     num_samples: int = 4  # rollouts (prompt, response, score) appended each time
     eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy, same seed and settings
-    eval_every: int = 0  # iterations between held-out evaluations of the policy (RM score, gold score, KL to SFT as <stage>/eval/*), plus one before training; 0: only the final one
-    reward: str = "model"  # training score (rlhf/rewards.py): "model" (the run's reward model), "package.module:function" (fn(prompts, responses) -> list[float], e.g. rlhf.task:gold_rewards), or a weighted sum "model + 0.5*package.module:function"
-    cpu_threads: int = 0  # torch intra-op threads when running on CPU; 0: torch's default (one per core). 1 is far faster on a CPU shared with other jobs
+    # iterations between held-out evaluations of the policy (RM score, gold score, KL to SFT as <stage>/eval/*), plus
+    # one before training; 0: only the final one
+    eval_every: int = 0
+    # training score (rlhf/rewards.py): "model" (the run's reward model), "package.module:function"
+    # (fn(prompts, responses) -> list[float], e.g. rlhf.task:gold_rewards), or a weighted sum
+    # "model + 0.5*package.module:function"
+    reward: str = "model"
+    # torch intra-op threads when running on CPU; 0: torch's default (one per core). 1 is far faster on a CPU shared
+    # with other jobs
+    cpu_threads: int = 0
 
 
 @dataclass
 class PPOConfig(RLConfig):
-    """PPO with the details of Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arXiv 2403.17031)."""
+    """PPO with the details of Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO"
+    (arXiv 2403.17031)."""
 
-    kl_coef: float = 0.05  # beta of the per-token penalty -beta (log pi - log pi_ref); the initial beta when kl_target is set
-    kl_target: float | None = None  # adaptive beta aiming at this sequence KL in nats (Ziegler et al. 2019); None: fixed beta
+    # beta of the per-token penalty -beta (log pi - log pi_ref); the initial beta when kl_target is set
+    kl_coef: float = 0.05
+    # adaptive beta aiming at this sequence KL in nats (Ziegler et al. 2019); None: fixed beta
+    kl_target: float | None = None
     kl_horizon: int = 10_000  # adaptive controller horizon in episodes (Ziegler et al. 2019: 10,000)
-    whiten_rewards: bool = False  # rescale per-token rewards to unit variance before GAE (off in Huang et al. 2024's final runs)
+    # rescale per-token rewards to unit variance before GAE (off in Huang et al. 2024's final runs)
+    whiten_rewards: bool = False
     gamma: float = 1.0  # GAE discount
     lam: float = 0.95  # GAE lambda
     value_clip: float = 0.2  # clip of the value prediction around the rollout value
     vf_coef: float = 0.1  # value-loss coefficient (Huang et al. 2024: 0.1)
     entropy_coef: float = 0.0  # entropy bonus coefficient (0: none)
-    kl_stop: float | None = None  # stop an iteration's remaining epochs once a minibatch's approxkl exceeds this; None: never
-    value_model: str = "separate"  # "separate": its own network initialised from the reward model (Huang et al. 2024); "shared": a head on the policy backbone
-    value_lr: float | None = None  # peak learning rate of the critic's own parameters; None: same as lr (one optimizer, as Huang et al. 2024)
+    # stop an iteration's remaining epochs once a minibatch's approxkl exceeds this; None: never
+    kl_stop: float | None = None
+    # "separate": its own network initialised from the reward model (Huang et al. 2024); "shared": a head on the policy
+    # backbone
+    value_model: str = "separate"
+    # peak learning rate of the critic's own parameters; None: same as lr (one optimizer, as Huang et al. 2024)
+    value_lr: float | None = None
 
 
 @dataclass
@@ -180,8 +209,10 @@ class GRPOConfig(RLConfig):
     epochs: int = 1  # optimisation passes over each rollout batch (DeepSeekMath's mu)
     group_size: int = 4  # G responses per prompt; batch_size must be a multiple (DeepSeekMath: 64)
     scale_rewards: bool = True  # advantages (r - mean) / (std + eps); false: r - mean (Dr. GRPO, arXiv 2503.20783)
-    kl_coef: float = 0.04  # beta of the k3 KL to the reference in the loss (DeepSeekMath: 0.04); 0 never loads a reference
-    loss_normalization: str = "sequence"  # "sequence": 1/|o| per response then batch mean (DeepSeekMath); "token": over all tokens (DAPO)
+    # beta of the k3 KL to the reference in the loss (DeepSeekMath: 0.04); 0 never loads a reference
+    kl_coef: float = 0.04
+    # "sequence": 1/|o| per response then batch mean (DeepSeekMath); "token": over all tokens (DAPO)
+    loss_normalization: str = "sequence"
 
 
 @dataclass
@@ -215,6 +246,7 @@ class Config:
 
 
 # ----------------------------------------------------------------------------- loading
+
 
 def available_presets() -> list[str]:
     return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
@@ -305,12 +337,20 @@ def _unknown_key_message(cfg: Config, dotted: str) -> str:
     if synonym in siblings:
         close = [synonym]
     else:
-        close = [k for k in siblings if k.rpartition(".")[2] in difflib.get_close_matches(leaf, [s.rpartition(".")[2] for s in siblings], n=1, cutoff=0.6)]
+        close = [
+            k
+            for k in siblings
+            if k.rpartition(".")[2]
+            in difflib.get_close_matches(leaf, [s.rpartition(".")[2] for s in siblings], n=1, cutoff=0.6)
+        ]
         close = close or difflib.get_close_matches(dotted, keys, n=1, cutoff=0.6)
     if close:
         return f"unknown config key '{dotted}'; did you mean '{close[0]}'?"
     if siblings:
-        return f"unknown config key '{dotted}'; valid keys in '{section}': {', '.join(k.rpartition('.')[2] for k in siblings)}"
+        return (
+            f"unknown config key '{dotted}'; valid keys in '{section}': "
+            f"{', '.join(k.rpartition('.')[2] for k in siblings)}"
+        )
     sections = ", ".join(f.name for f in dataclasses.fields(cfg))
     return f"unknown config key '{dotted}'; keys look like section.key with section one of: {sections}"
 

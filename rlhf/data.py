@@ -14,9 +14,9 @@ import hashlib
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from rlhf.errors import UserError
 
@@ -86,6 +86,7 @@ def prompt_split(prompt: str, val_fraction: float) -> str:
 
 # ----------------------------------------------------------------------------- loading
 
+
 def is_local_source(path: str) -> bool:
     """A file suffix, an existing path or an explicit filesystem prefix means local; else a Hub id."""
     return path.endswith(LOCAL_SUFFIXES) or Path(path).exists() or path.startswith(("/", "./", "../", "~"))
@@ -96,8 +97,15 @@ def local_files(path: str) -> dict[str, list[Path]]:
     'test' when their name contains 'test', else to 'train'."""
     root = Path(path)
     if not root.exists():
-        raise UserError(f"data.path '{path}' does not exist; give an HH-format .jsonl/.jsonl.gz/.json/.parquet file or folder, a Hub id, or 'embedded'")
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
+        raise UserError(
+            f"data.path '{path}' does not exist; give an HH-format .jsonl/.jsonl.gz/.json/.parquet file or folder, "
+            "a Hub id, or 'embedded'"
+        )
+    files = (
+        [root]
+        if root.is_file()
+        else sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
+    )
     if not files:
         raise UserError(f"data.path '{path}' holds no .jsonl, .jsonl.gz, .json or .parquet files")
     if root.is_file() and not root.name.endswith(LOCAL_SUFFIXES):
@@ -123,9 +131,12 @@ def read_rows(file: Path) -> Iterable[object]:
                 try:
                     payload = json.load(handle)
                 except json.JSONDecodeError as exc:
-                    raise UserError(f"{file} is not valid JSON ({exc.msg} at line {exc.lineno}); HH .json files hold a list of {{\"chosen\", \"rejected\"}} rows") from None
+                    raise UserError(
+                        f"{file} is not valid JSON ({exc.msg} at line {exc.lineno}); "
+                        'HH .json files hold a list of {"chosen", "rejected"} rows'
+                    ) from None
                 if not isinstance(payload, list):
-                    raise UserError(f"{file} must hold a JSON list of {{\"chosen\", \"rejected\"}} rows")
+                    raise UserError(f'{file} must hold a JSON list of {{"chosen", "rejected"}} rows')
                 yield from payload
                 return
             for line in handle:
@@ -145,7 +156,9 @@ def load_raw_splits(path: str) -> dict[str, list[object]]:
     else:
         splits = _load_hub(path)
     if not splits["train"]:
-        raise UserError(f"data.path '{path}' has no training rows (a file whose name contains 'test' is used as the test split)")
+        raise UserError(
+            f"data.path '{path}' has no training rows (a file whose name contains 'test' is used as the test split)"
+        )
     return splits
 
 
@@ -156,11 +169,18 @@ def _load_hub(path: str) -> dict[str, list[object]]:
         dataset = datasets.load_dataset(path)
     except Exception as exc:  # network, auth or a wrong id: all are a bad data.path for the user
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"cannot load dataset '{path}' from the Hugging Face Hub ({first}); offline, point data.path at a local HH-format file") from None
-    return {"train": list(dataset["train"]) if "train" in dataset else [], "test": list(dataset["test"]) if "test" in dataset else []}
+        raise UserError(
+            f"cannot load dataset '{path}' from the Hugging Face Hub ({first}); "
+            "offline, point data.path at a local HH-format file"
+        ) from None
+    return {
+        "train": list(dataset["train"]) if "train" in dataset else [],
+        "test": list(dataset["test"]) if "test" in dataset else [],
+    }
 
 
 # ----------------------------------------------------------------------------- processed files
+
 
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     """Write atomically: a crash never leaves a half-written file under the final name."""

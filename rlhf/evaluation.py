@@ -18,7 +18,7 @@ def distinct_n(token_lists: list[list[int]], n: int) -> float:
 
     1.0 means no n-gram repeats anywhere; a model that says the same thing to every prompt scores low.
     """
-    grams = [tuple(tokens[i:i + n]) for tokens in token_lists for i in range(len(tokens) - n + 1)]
+    grams = [tuple(tokens[i : i + n]) for tokens in token_lists for i in range(len(tokens) - n + 1)]
     return len(set(grams)) / len(grams) if grams else 0.0
 
 

@@ -86,17 +86,22 @@ class JudgeSettings:
 
     def validate(self) -> None:
         """One-line UserError for values no request could work with."""
-        checks = (("max_concurrency", self.max_concurrency >= 1), ("max_retries", self.max_retries >= 0),
-                  ("timeout_s", self.timeout_s > 0), ("max_tokens", self.max_tokens >= 1),
-                  ("retry_base_delay_s", self.retry_base_delay_s >= 0),
-                  ("retry_max_delay_s", self.retry_max_delay_s >= 0),
-                  ("usd_per_1m_input_tokens", self.usd_per_1m_input_tokens >= 0),
-                  ("usd_per_1m_output_tokens", self.usd_per_1m_output_tokens >= 0),
-                  ("reward_tie_tolerance", self.reward_tie_tolerance >= 0))
+        checks = (
+            ("max_concurrency", self.max_concurrency >= 1),
+            ("max_retries", self.max_retries >= 0),
+            ("timeout_s", self.timeout_s > 0),
+            ("max_tokens", self.max_tokens >= 1),
+            ("retry_base_delay_s", self.retry_base_delay_s >= 0),
+            ("retry_max_delay_s", self.retry_max_delay_s >= 0),
+            ("usd_per_1m_input_tokens", self.usd_per_1m_input_tokens >= 0),
+            ("usd_per_1m_output_tokens", self.usd_per_1m_output_tokens >= 0),
+            ("reward_tie_tolerance", self.reward_tie_tolerance >= 0),
+        )
         for name, ok in checks:
             if not ok:
-                raise UserError(f"judge.{name}={getattr(self, name)!r} is out of range; "
-                                "see JudgeSettings in rlhf/judges.py")
+                raise UserError(
+                    f"judge.{name}={getattr(self, name)!r} is out of range; see JudgeSettings in rlhf/judges.py"
+                )
         if not self.model:
             raise UserError("judge.model is empty; set it to a chat model name, e.g. judge.model=gpt-4o-mini")
 
@@ -142,11 +147,14 @@ class Comparison:
         lines = []
         if self.info.get("n_failed"):
             errors = "; ".join(f"{msg} (x{n})" for msg, n in self.info.get("errors", {}).items())
-            lines.append(f"{self.judge}: {self.info['n_failed']} of {self.info['n_judgments']} judgments failed, "
-                         f"counted invalid: {errors}")
+            lines.append(
+                f"{self.judge}: {self.info['n_failed']} of {self.info['n_judgments']} judgments failed, "
+                f"counted invalid: {errors}"
+            )
         if self.info.get("n_unparsed"):
-            lines.append(f"{self.judge}: {self.info['n_unparsed']} answers had no 'Winner: A|B|tie' line, "
-                         "counted invalid")
+            lines.append(
+                f"{self.judge}: {self.info['n_unparsed']} answers had no 'Winner: A|B|tie' line, counted invalid"
+            )
         return lines
 
     def to_dict(self) -> dict:
@@ -198,12 +206,14 @@ class Judge:
         """Counts over one batch, merged into Comparison.info."""
         return {"n_judgments": len(judgments), "n_invalid": sum(j.verdict == "invalid" for j in judgments)}
 
-    def compare(self, prompts: Sequence[str], responses_a: Sequence[str], responses_b: Sequence[str],
-                progress: bool = False) -> Comparison:
+    def compare(
+        self, prompts: Sequence[str], responses_a: Sequence[str], responses_b: Sequence[str], progress: bool = False
+    ) -> Comparison:
         """Model A vs model B on each prompt: both orders (one for a symmetric judge), combined."""
         if not len(prompts) == len(responses_a) == len(responses_b):
-            raise ValueError(f"got {len(prompts)} prompts, {len(responses_a)} responses_a, "
-                             f"{len(responses_b)} responses_b")
+            raise ValueError(
+                f"got {len(prompts)} prompts, {len(responses_a)} responses_a, {len(responses_b)} responses_b"
+            )
         if not self.available():
             raise UserError(f"judge '{self.name}' {self.unavailable_reason}")
         items_ab = list(zip(prompts, responses_a, responses_b))
@@ -212,9 +222,10 @@ class Judge:
             every = judgments_ab
         else:
             every = self.judge_many(items_ab + list(zip(prompts, responses_b, responses_a)), progress)
-            judgments_ab, judgments_ba = every[:len(items_ab)], every[len(items_ab):]
-        outcomes = outcomes_from_verdicts([j.verdict for j in judgments_ab],
-                                          None if judgments_ba is None else [j.verdict for j in judgments_ba])
+            judgments_ab, judgments_ba = every[: len(items_ab)], every[len(items_ab) :]
+        outcomes = outcomes_from_verdicts(
+            [j.verdict for j in judgments_ab], None if judgments_ba is None else [j.verdict for j in judgments_ba]
+        )
         return Comparison(self.name, outcomes, judgments_ab, judgments_ba, {**self.info(), **self.batch_info(every)})
 
 
@@ -232,8 +243,9 @@ def combine_batch_info(infos: Sequence[dict]) -> dict:
             if key not in combined:
                 combined[key] = dict(value) if isinstance(value, dict) else value
             elif key == "errors":
-                combined[key] = {msg: combined[key].get(msg, 0) + n for msg, n in value.items()} | \
-                    {msg: n for msg, n in combined[key].items() if msg not in value}
+                combined[key] = {msg: combined[key].get(msg, 0) + n for msg, n in value.items()} | {
+                    msg: n for msg, n in combined[key].items() if msg not in value
+                }
             elif isinstance(value, dict):
                 combined[key] = combine_batch_info([combined[key], value])
             elif _is_count(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -260,8 +272,9 @@ class GoldJudge(Judge):
             try:
                 scores = (task.gold_score(prompt, first), task.gold_score(prompt, second))
             except ValueError as err:
-                raise UserError(f"gold judge: {err}; the gold judge only scores prompts of the embedded task "
-                                "(data.path=embedded)") from err
+                raise UserError(
+                    f"gold judge: {err}; the gold judge only scores prompts of the embedded task (data.path=embedded)"
+                ) from err
             judgments.append(Judgment(_verdict_from_scores(*scores, self.TOLERANCE), scores=scores))
         return judgments
 
@@ -278,8 +291,12 @@ class RewardJudge(Judge):
 
     symmetric = True
 
-    def __init__(self, score_fn: Callable[[list[str], list[str]], Sequence[float]], tie_tolerance: float = 0.0,
-                 name: str = "reward"):
+    def __init__(
+        self,
+        score_fn: Callable[[list[str], list[str]], Sequence[float]],
+        tie_tolerance: float = 0.0,
+        name: str = "reward",
+    ):
         if tie_tolerance < 0:
             raise ValueError(f"tie_tolerance must be >= 0, got {tie_tolerance}")
         self.score_fn, self.tie_tolerance, self.name = score_fn, tie_tolerance, name
@@ -292,8 +309,10 @@ class RewardJudge(Judge):
         scores = [float(x) for x in self.score_fn(prompts + prompts, firsts + seconds)]
         if len(scores) != 2 * len(items):
             raise ValueError(f"{self.name} score_fn returned {len(scores)} scores for {2 * len(items)} responses")
-        return [Judgment(_verdict_from_scores(a, b, self.tie_tolerance), scores=(a, b))
-                for a, b in zip(scores[:len(items)], scores[len(items):])]
+        return [
+            Judgment(_verdict_from_scores(a, b, self.tie_tolerance), scores=(a, b))
+            for a, b in zip(scores[: len(items)], scores[len(items) :])
+        ]
 
     def info(self) -> dict:
         return {"judge": self.name, "exact": True, "tie_tolerance": self.tie_tolerance}
@@ -329,7 +348,10 @@ Winner: tie"""
 _CHOICE = r"(?:response|answer|assistant|output|option)?\s*[\[(\"'*_`]*\s*([AB]|tie|draw|equal|neither|both)\b"
 _WINNER_LINE = re.compile(
     r"^[\s*_#>`-]*(?:final\s+)?(?:winner|verdict|better\s+response|answer|decision)[\s*_`]*(?:is)?\s*[:=\-]?[\s*_`]*"
-    + _CHOICE + r"[\s\])\"'*_`.!]*$", re.I | re.M)
+    + _CHOICE
+    + r"[\s\])\"'*_`.!]*$",
+    re.I | re.M,
+)
 _BARE = re.compile(r"^[\s\[(\"'*_`]*" + _CHOICE + r"[\s\])\"'*_`.!]*$", re.I)
 _TIE_WORDS = {"tie", "draw", "equal", "neither", "both"}
 
@@ -341,7 +363,7 @@ def format_judge_prompt(prompt: str, first: str, second: str) -> list[dict]:
 
 
 def parse_verdict(answer: str | None) -> str:
-    """"A", "B" or "tie" from the judge's answer, else "invalid".
+    """ "A", "B" or "tie" from the judge's answer, else "invalid".
 
     Takes the last line of the form "Winner: A" (case-insensitive; markdown emphasis, "Verdict:",
     "Final winner is", "Response A", "[[A]]", "draw"/"equal"/"neither"/"both" as tie accepted);
@@ -426,8 +448,12 @@ class OpenAIJudge(Judge):
     name = "openai"
     symmetric = False
 
-    def __init__(self, settings: JudgeSettings | None = None, cache_path: str | Path | None = None,
-                 sleep: Callable[[float], None] | None = None):
+    def __init__(
+        self,
+        settings: JudgeSettings | None = None,
+        cache_path: str | Path | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ):
         self.settings = settings or JudgeSettings()
         self.settings.validate()
         self.cache = JudgmentCache(cache_path) if cache_path is not None else None
@@ -447,10 +473,15 @@ class OpenAIJudge(Judge):
     def info(self) -> dict:
         s = self.settings
         return {
-            "judge": self.name, "model": s.model, "base_url": _public_url(self.base_url) or "api.openai.com (default)",
-            "prompt_version": JUDGE_PROMPT_VERSION, "system_prompt": JUDGE_SYSTEM_PROMPT,
+            "judge": self.name,
+            "model": s.model,
+            "base_url": _public_url(self.base_url) or "api.openai.com (default)",
+            "prompt_version": JUDGE_PROMPT_VERSION,
+            "system_prompt": JUDGE_SYSTEM_PROMPT,
             "prompt_template": JUDGE_PROMPT,
-            "temperature": 0.0, "max_tokens": s.max_tokens, "both_orders": True,
+            "temperature": 0.0,
+            "max_tokens": s.max_tokens,
+            "both_orders": True,
         }
 
     def __repr__(self) -> str:
@@ -472,9 +503,13 @@ class OpenAIJudge(Judge):
             key = cache_key(model, JUDGE_PROMPT_VERSION, prompt, first, second)
             entry = self.cache.get(key) if self.cache is not None else None
             if entry is not None:
-                results[i] = Judgment(parse_verdict(entry["answer"]), answer=entry["answer"], cached=True,
-                                      prompt_tokens=entry.get("prompt_tokens", 0),
-                                      completion_tokens=entry.get("completion_tokens", 0))
+                results[i] = Judgment(
+                    parse_verdict(entry["answer"]),
+                    answer=entry["answer"],
+                    cached=True,
+                    prompt_tokens=entry.get("prompt_tokens", 0),
+                    completion_tokens=entry.get("completion_tokens", 0),
+                )
             else:
                 todo.setdefault(key, []).append(i)
         if todo:
@@ -503,14 +538,16 @@ class OpenAIJudge(Judge):
             "n_unparsed": sum(j.unparsed for j in judgments),
             "errors": dict(errors.most_common(5)),
             "usage": {
-                "prompt_tokens": tokens_in, "completion_tokens": tokens_out,
+                "prompt_tokens": tokens_in,
+                "completion_tokens": tokens_out,
                 "estimated_cost_usd": cost(tokens_in, tokens_out),
-                "prompt_tokens_incl_cached": all_in, "completion_tokens_incl_cached": all_out,
+                "prompt_tokens_incl_cached": all_in,
+                "completion_tokens_incl_cached": all_out,
                 "estimated_cost_usd_incl_cached": cost(all_in, all_out),
                 "usd_per_1m_input_tokens": s.usd_per_1m_input_tokens,
                 "usd_per_1m_output_tokens": s.usd_per_1m_output_tokens,
                 "note": "estimate: API-reported tokens x configured prices, not a bill; "
-                        "estimated_cost_usd covers this run's requests only",
+                "estimated_cost_usd covers this run's requests only",
             },
         }
 
@@ -525,14 +562,21 @@ class OpenAIJudge(Judge):
         pool = ThreadPoolExecutor(max_workers=self.settings.max_concurrency)
         try:
             futures = {pool.submit(self._request, client, openai, item, stop, key): k for k, item in requests.items()}
-            for future in tqdm(as_completed(futures), total=len(futures), desc=f"judge/{self.settings.model}",
-                               disable=not progress):
+            for future in tqdm(
+                as_completed(futures), total=len(futures), desc=f"judge/{self.settings.model}", disable=not progress
+            ):
                 judgment = future.result()
                 if judgment.error is None and self.cache is not None:  # failures are retried next run
-                    self.cache.put({"key": futures[future], "model": self.settings.model,
-                                    "prompt_version": JUDGE_PROMPT_VERSION, "answer": judgment.answer,
-                                    "prompt_tokens": judgment.prompt_tokens,
-                                    "completion_tokens": judgment.completion_tokens})
+                    self.cache.put(
+                        {
+                            "key": futures[future],
+                            "model": self.settings.model,
+                            "prompt_version": JUDGE_PROMPT_VERSION,
+                            "answer": judgment.answer,
+                            "prompt_tokens": judgment.prompt_tokens,
+                            "completion_tokens": judgment.completion_tokens,
+                        }
+                    )
                 yield futures[future], judgment
         finally:  # also on Ctrl-C: queued requests are dropped, running ones stop at their next retry
             stop.set()
@@ -560,21 +604,27 @@ class OpenAIJudge(Judge):
         fatal = (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)
         while True:
             if stop.is_set():
-                return Judgment("invalid", error="not attempted: the batch was stopped by an earlier error",
-                                attempts=attempts)
+                return Judgment(
+                    "invalid", error="not attempted: the batch was stopped by an earlier error", attempts=attempts
+                )
             attempts += 1
             try:
                 response = client.chat.completions.create(
-                    model=s.model, messages=format_judge_prompt(*item), temperature=0.0, max_tokens=s.max_tokens)
+                    model=s.model, messages=format_judge_prompt(*item), temperature=0.0, max_tokens=s.max_tokens
+                )
                 choices = response.choices or []
                 answer = choices[0].message.content if choices else None
                 if answer is None:
                     raise ValueError("the response holds no message content")
                 usage = response.usage
-                return Judgment(parse_verdict(answer), answer=answer, attempts=attempts,
-                                prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-                                completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0))
-            except Exception as err:  # noqa: BLE001 - every failure becomes a reported Judgment
+                return Judgment(
+                    parse_verdict(answer),
+                    answer=answer,
+                    attempts=attempts,
+                    prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+                    completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+                )
+            except Exception as err:
                 message = f"{type(err).__name__}: {err}".replace(key, "***") if key else f"{type(err).__name__}: {err}"
                 message = message[:300]
                 if isinstance(err, fatal):
@@ -584,8 +634,9 @@ class OpenAIJudge(Judge):
                 if not (isinstance(err, retryable) or status in (408, 409) or (status or 0) >= 500):
                     return Judgment("invalid", error=message, attempts=attempts)
                 if attempts > s.max_retries:
-                    return Judgment("invalid", error=f"{message} (gave up after {attempts} attempts)",
-                                    attempts=attempts)
+                    return Judgment(
+                        "invalid", error=f"{message} (gave up after {attempts} attempts)", attempts=attempts
+                    )
                 delay = self._backoff(attempts - 1, err)
                 if self._sleep is not None:
                     self._sleep(delay)

@@ -30,6 +30,7 @@ MEAN_POOL_HEAD_FILE = "reward_head.safetensors"
 
 # ----------------------------------------------------------------------------- tokenizers
 
+
 def train_tokenizer(texts: list[str], vocab_size: int):
     """A byte-level BPE tokenizer (GPT-2's scheme) trained on `texts`, with EOS and a separate pad."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -45,7 +46,9 @@ def train_tokenizer(texts: list[str], vocab_size: int):
         show_progress=False,
     )
     core.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, padding_side="right")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, padding_side="right"
+    )
 
 
 def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig):
@@ -54,11 +57,16 @@ def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig):
 
     source = tok_cfg.name_or_path or model_cfg.name_or_path
     if source is None:
-        raise UserError("no tokenizer source: set tokenizer.name_or_path or model.name_or_path, or tokenizer.train_from_data=true")
+        raise UserError(
+            "no tokenizer source: set tokenizer.name_or_path or model.name_or_path, or tokenizer.train_from_data=true"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise UserError(f"cannot load tokenizer '{source}' ({str(exc).splitlines()[0]}); offline, set tokenizer.train_from_data=true") from None
+        raise UserError(
+            f"cannot load tokenizer '{source}' ({str(exc).splitlines()[0]}); "
+            "offline, set tokenizer.train_from_data=true"
+        ) from None
     if tokenizer.eos_token is None:
         raise UserError(f"tokenizer '{source}' has no EOS token; responses could never end")
     if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
@@ -74,6 +82,7 @@ def load_tokenizer(path: Path):
 
 
 # ----------------------------------------------------------------------------- policies
+
 
 def disable_dropout(model: nn.Module) -> None:
     """Zero every dropout, in the modules and in the config saved with them."""
@@ -92,7 +101,10 @@ def _architecture_config(model_cfg: ModelConfig):
         try:
             config = AutoConfig.from_pretrained(model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
         except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load model config '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); offline, point model.name_or_path at a folder with config.json") from None
+            raise UserError(
+                f"cannot load model config '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); "
+                "offline, point model.name_or_path at a folder with config.json"
+            ) from None
     elif model_cfg.model_type is not None:
         config = AutoConfig.for_model(model_cfg.model_type)
     else:
@@ -119,10 +131,16 @@ def build_policy(model_cfg: ModelConfig, tokenizer) -> nn.Module:
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                model_cfg.name_or_path, config=config, use_safetensors=True, trust_remote_code=model_cfg.trust_remote_code
+                model_cfg.name_or_path,
+                config=config,
+                use_safetensors=True,
+                trust_remote_code=model_cfg.trust_remote_code,
             )
         except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load model '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); offline, use model.init=random") from None
+            raise UserError(
+                f"cannot load model '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); "
+                "offline, use model.init=random"
+            ) from None
         if model.get_input_embeddings().num_embeddings < len(tokenizer):
             model.resize_token_embeddings(len(tokenizer))  # room for the added pad token
     model.config.pad_token_id = tokenizer.pad_token_id
@@ -148,18 +166,23 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
 
 
-def token_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
     """Per-token log-probs of the given ids, aligned with the ids (column 0 is 0).
 
     Logits are divided by the sampling temperature before the softmax, so log-probs recomputed
     in training match the distribution the tokens were sampled from (Huang et al. 2024, detail 11).
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    ).logits
     next_logprobs = gather_logprobs(logits[:, :-1] / temperature, input_ids[:, 1:])  # (B, T-1)
     return torch.nn.functional.pad(next_logprobs, (1, 0))  # (B, T)
 
 
 # ----------------------------------------------------------------------------- reward models
+
 
 class MeanPoolRewardModel(nn.Module):
     """Reward = MLP(mean of the final hidden states over real tokens): Linear -> ReLU -> Dropout -> Linear."""
@@ -172,7 +195,9 @@ class MeanPoolRewardModel(nn.Module):
         self.head = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, 1))
 
     def forward(self, input_ids, attention_mask, position_ids=None):
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state  # (B, T, H)
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state  # (B, T, H)
         weights = attention_mask.unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)  # (B, H)
         return _RewardOutput(self.head(pooled))  # logits (B, 1)
@@ -223,7 +248,9 @@ def load_reward_model(path: Path) -> nn.Module:
     if info["pooling"] == "last":
         model = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True)
     else:
-        model = MeanPoolRewardModel(AutoModel.from_pretrained(str(path), use_safetensors=True), info["head_hidden"], 0.0)
+        model = MeanPoolRewardModel(
+            AutoModel.from_pretrained(str(path), use_safetensors=True), info["head_hidden"], 0.0
+        )
         model.head.load_state_dict(load_file(str(path / MEAN_POOL_HEAD_FILE)))
     disable_dropout(model)
     model.reward_offset = info.get("offset_not_folded", 0.0)
@@ -232,7 +259,9 @@ def load_reward_model(path: Path) -> nn.Module:
 
 def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """(B,) rewards read at the last non-pad token (HF sequence classification pooling) or mean-pooled."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    ).logits
     return logits.squeeze(-1).float() - getattr(model, "reward_offset", 0.0)  # (B,)
 
 
@@ -240,7 +269,9 @@ def _check_4d_mask_support(config) -> str:
     """The model's attention implementation, if it takes the 4-D masks of shared-prompt rows."""
     implementation = getattr(config, "_attn_implementation", "sdpa")
     if implementation not in ("sdpa", "eager"):
-        raise UserError(f"shared-prompt pair batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'")
+        raise UserError(
+            f"shared-prompt pair batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'"
+        )
     return implementation
 
 
@@ -249,7 +280,9 @@ def _shared_prompt_attention_mask(config, attention_mask: torch.Tensor, dtype: t
     if _check_4d_mask_support(config) == "sdpa":
         return attention_mask
     # eager attention adds the mask to its scores
-    return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill(~attention_mask, torch.finfo(dtype).min)
+    return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill(
+        ~attention_mask, torch.finfo(dtype).min
+    )
 
 
 @torch.no_grad()
@@ -262,7 +295,9 @@ def shared_prompt_response_logprobs(policy: nn.Module, batch: dict[str, torch.Te
     come from the prompt's last column (the chosen tokens in between are not its prefix).
     """
     attention_mask = _shared_prompt_attention_mask(policy.config, batch["attention_mask"], policy.dtype)
-    logits = policy(input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]).logits  # (B, T, V)
+    logits = policy(
+        input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]
+    ).logits  # (B, T, V)
     batch_size, width = batch["input_ids"].shape
     rows = torch.arange(batch_size, device=logits.device)
     previous = (torch.arange(width, device=logits.device) - 1).clamp(min=0).repeat(batch_size, 1)  # (B, T)
@@ -301,8 +336,9 @@ class SharedPromptPairRewards(nn.Module):
         model = self.reward_model
         backbone, head = (model.backbone, model.head) if self.mean_pooled else (model.base_model, model.score)
         attention_mask = _shared_prompt_attention_mask(model.config, batch["attention_mask"], backbone.dtype)
-        hidden = backbone(input_ids=batch["input_ids"], attention_mask=attention_mask,
-                          position_ids=batch["position_ids"]).last_hidden_state  # (B, T, H)
+        hidden = backbone(
+            input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]
+        ).last_hidden_state  # (B, T, H)
         offset = getattr(model, "reward_offset", 0.0)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
 
@@ -342,6 +378,7 @@ def fold_reward_offset(model: nn.Module, offset: float) -> float:
 
 # ----------------------------------------------------------------------------- PPO: value model
 
+
 class ValueModel(nn.Module):
     """Per-position values head(h_t) (B, T) from a transformer backbone and a scalar head."""
 
@@ -351,8 +388,9 @@ class ValueModel(nn.Module):
         self.head = head
 
     def forward(self, input_ids, attention_mask, position_ids=None) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               use_cache=False).last_hidden_state  # (B, T, H)
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # (B, T, H)
         return self.head(hidden).squeeze(-1).float()  # (B, T)
 
 
@@ -386,8 +424,13 @@ class PolicyAndValue(nn.Module):
     def forward(self, input_ids, attention_mask):
         position_ids = position_ids_from_mask(attention_mask)
         shared = self.value_head is not None
-        out = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          output_hidden_states=shared, use_cache=False)
+        out = self.policy(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            output_hidden_states=shared,
+            use_cache=False,
+        )
         if shared:
             values = self.value_head(out.hidden_states[-1]).squeeze(-1).float()  # (B, T)
         else:

@@ -198,9 +198,7 @@ def gae_advantages(
     return advantages, returns
 
 
-def group_advantages(
-    rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4
-) -> tuple[Tensor, Tensor]:
+def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> tuple[Tensor, Tensor]:
     """Group-relative advantages for GRPO-style training.
 
     scale=True:  A_i = (r_i − mean_g) / (std_g + eps)  (DeepSeekMath, arXiv 2402.03300, §4.1.2;

@@ -42,8 +42,15 @@ def best_of_n_points(proxy_scores: torch.Tensor, gold_scores: torch.Tensor | Non
         picks = best_of_n_choice(proxy_scores, n)  # (P,)
         rows = torch.arange(P)
         kl = best_of_n_kl(n)
-        points.append({"n": n, "kl": kl, "sqrt_kl": sqrt_kl(kl), "proxy_score": proxy_scores[rows, picks].double().mean().item(),
-                       "gold_score": None if gold_scores is None else gold_scores[rows, picks].double().mean().item()})
+        points.append(
+            {
+                "n": n,
+                "kl": kl,
+                "sqrt_kl": sqrt_kl(kl),
+                "proxy_score": proxy_scores[rows, picks].double().mean().item(),
+                "gold_score": None if gold_scores is None else gold_scores[rows, picks].double().mean().item(),
+            }
+        )
     return points
 
 
@@ -55,8 +62,16 @@ def eval_points(rows: list[dict], stage: str, batch_size: int) -> list[dict]:
         kl = row.get(f"{stage}/eval/kl_to_ref")
         if kl is None:
             continue
-        points.append({"iteration": row["step"], "episodes": row["step"] * batch_size, "kl": kl, "sqrt_kl": sqrt_kl(kl),
-                       "proxy_score": row[f"{stage}/eval/reward_mean"], "gold_score": row.get(f"{stage}/eval/gold_score_mean")})
+        points.append(
+            {
+                "iteration": row["step"],
+                "episodes": row["step"] * batch_size,
+                "kl": kl,
+                "sqrt_kl": sqrt_kl(kl),
+                "proxy_score": row[f"{stage}/eval/reward_mean"],
+                "gold_score": row.get(f"{stage}/eval/gold_score_mean"),
+            }
+        )
     return sorted(points, key=lambda point: point["iteration"])
 
 

@@ -57,8 +57,11 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         result = subprocess.run([*launch, str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args])
         if result.returncode != 0:
-            print(f"[pipeline] stage '{stage}' failed (exit {result.returncode}); fix it and resume with: "
-                  f"bash run_all.sh --from {stage} {shlex.join(stage_args)}".rstrip(), file=sys.stderr)
+            print(
+                f"[pipeline] stage '{stage}' failed (exit {result.returncode}); fix it and resume with: "
+                f"bash run_all.sh --from {stage} {shlex.join(stage_args)}".rstrip(),
+                file=sys.stderr,
+            )
             sys.exit(result.returncode)
         print(f"[pipeline] {stage} done in {time.perf_counter() - started:.1f}s")
     total = time.perf_counter() - pipeline_start

@@ -7,7 +7,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import matplotlib.pyplot as plt
 
 
 def _save(fig, path: Path) -> None:
@@ -62,21 +62,31 @@ def plot_training_curves(history: list[dict], keys: list[str], path: Path, title
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("step")
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     fig.suptitle(title)
     _save(fig, path)
 
 
-# ----------------------------------------------------------------------------- report figures (part4_eval/make_report.py)
+# ------------------------------------------------------------------- report figures (part4_eval/make_report.py)
 
 # The training curves the report puts on one page: a fixed, short list per stage; absent keys are skipped.
 REPORT_CURVE_KEYS = {
     "sft": ["sft/train/loss", "sft/val/loss"],
     "reward": ["reward/train/loss", "reward/train/accuracy", "reward/val/accuracy"],
     "ppo": ["ppo/objective/scores", "ppo/objective/kl", "ppo/objective/rlhf_reward", "ppo/responses/length_mean"],
-    "grpo": ["grpo/objective/scores", "grpo/objective/kl", "grpo/objective/zero_std_groups", "grpo/responses/length_mean"],
-    "dpo": ["dpo/train/loss", "dpo/train/rewards/accuracies", "dpo/val/rewards/accuracies", "dpo/train/rewards/margins"],
+    "grpo": [
+        "grpo/objective/scores",
+        "grpo/objective/kl",
+        "grpo/objective/zero_std_groups",
+        "grpo/responses/length_mean",
+    ],
+    "dpo": [
+        "dpo/train/loss",
+        "dpo/train/rewards/accuracies",
+        "dpo/val/rewards/accuracies",
+        "dpo/train/rewards/margins",
+    ],
 }
 
 
@@ -87,6 +97,7 @@ def plot_reward_vs_kl(points: dict[str, dict], curve: list[dict], curve_label: s
     A second panel with the gold score on y is drawn when any point or curve entry has one.
     Returns False (and writes nothing) when there is nothing to plot.
     """
+
     def usable(entry: dict, key: str) -> bool:
         return all(isinstance(entry.get(k), (int, float)) and entry.get(k) == entry.get(k) for k in ("kl", key))
 
@@ -99,11 +110,25 @@ def plot_reward_vs_kl(points: dict[str, dict], curve: list[dict], curve_label: s
     for ax, (key, ylabel) in zip(axes[0], panels):
         line = [c for c in curve if usable(c, key)]
         if line:
-            ax.plot([c["kl"] for c in line], [c[key] for c in line], color="0.55", marker="o", markersize=3, zorder=1,
-                    label=curve_label)
+            ax.plot(
+                [c["kl"] for c in line],
+                [c[key] for c in line],
+                color="0.55",
+                marker="o",
+                markersize=3,
+                zorder=1,
+                label=curve_label,
+            )
             for c in line:
                 if "n" in c:
-                    ax.annotate(f"N={c['n']}", (c["kl"], c[key]), textcoords="offset points", xytext=(3, -9), fontsize=6, color="0.45")
+                    ax.annotate(
+                        f"N={c['n']}",
+                        (c["kl"], c[key]),
+                        textcoords="offset points",
+                        xytext=(3, -9),
+                        fontsize=6,
+                        color="0.45",
+                    )
         for i, (label, p) in enumerate(points.items()):
             if usable(p, key):
                 ax.scatter([p["kl"]], [p[key]], s=40, zorder=2, color=f"C{i}")
@@ -119,11 +144,21 @@ def plot_reward_vs_kl(points: dict[str, dict], curve: list[dict], curve_label: s
 
 
 def _finite(values) -> list[float]:
-    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")]
+    return [
+        float(v)
+        for v in values
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+    ]
 
 
-def _plot_violins(values: dict[str, list[float]], path: Path, ylabel: str, title: str,
-                  limit: float | None = None, limit_label: str = "") -> bool:
+def _plot_violins(
+    values: dict[str, list[float]],
+    path: Path,
+    ylabel: str,
+    title: str,
+    limit: float | None = None,
+    limit_label: str = "",
+) -> bool:
     """One violin per label (median line, mean diamond); False when no label has a finite value."""
     data = {label: _finite(v) for label, v in values.items()}
     data = {label: v for label, v in data.items() if v}
@@ -153,8 +188,14 @@ def plot_model_rewards(rewards: dict[str, list[float]], path: Path) -> bool:
 
 def plot_model_lengths(lengths: dict[str, list[float]], path: Path, budget: float | None = None) -> bool:
     """One violin per model of its response lengths in tokens; `budget` (max_new_tokens) as a dashed line."""
-    return _plot_violins(lengths, path, "response tokens", "Response length, by model", budget,
-                         f"token budget ({budget:g})" if budget is not None else "")
+    return _plot_violins(
+        lengths,
+        path,
+        "response tokens",
+        "Response length, by model",
+        budget,
+        f"token budget ({budget:g})" if budget is not None else "",
+    )
 
 
 def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], path: Path) -> bool:
@@ -167,8 +208,13 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
     if not matrices:
         return False
     size = max(len(labels) for labels, _ in matrices.values())
-    fig, axes = plt.subplots(1, len(matrices), figsize=(1.0 * size * len(matrices) + 2.5 * len(matrices), 0.8 * size + 2.2),
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        1,
+        len(matrices),
+        figsize=(1.0 * size * len(matrices) + 2.5 * len(matrices), 0.8 * size + 2.2),
+        squeeze=False,
+        layout="constrained",
+    )
     image = None
     for ax, (judge, (labels, cells)) in zip(axes[0], matrices.items()):
         values = [[float("nan") if c is None else c[0] for c in row] for row in cells]
@@ -180,8 +226,16 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
                 if cell is None:
                     ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="0.5")
                 else:
-                    ax.text(j, i, f"{cell[0]:.2f}", ha="center", va="center", fontsize=8,
-                            style="normal" if cell[1] else "italic", color="white" if abs(cell[0] - 0.5) > 0.3 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        f"{cell[0]:.2f}",
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        style="normal" if cell[1] else "italic",
+                        color="white" if abs(cell[0] - 0.5) > 0.3 else "black",
+                    )
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
         ax.set_yticks(range(len(labels)))
@@ -191,15 +245,18 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
         ax.set_title(f"judge: {judge}", fontsize=10)
     fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="win rate of A vs B")
     fig.suptitle("Win rates (ties count half; italics: 1 − the measured mirror pairing)", fontsize=10)
-    tmp = path.with_name(path.stem + ".tmp.png")  # constrained layout, not _save's tight_layout: it places the shared colorbar
+    tmp = path.with_name(
+        path.stem + ".tmp.png"
+    )  # constrained layout, not _save's tight_layout: it places the shared colorbar
     fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     tmp.replace(path)
     return True
 
 
-def plot_stage_curves(histories: dict[str, list[dict]], keys: dict[str, list[str]], path: Path,
-                      titles: dict[str, str] | None = None) -> bool:
+def plot_stage_curves(
+    histories: dict[str, list[dict]], keys: dict[str, list[str]], path: Path, titles: dict[str, str] | None = None
+) -> bool:
     """Every stage's training curves on one page: one row per stage, one panel per metric key present."""
     rows = []
     for stage, history in histories.items():
@@ -252,13 +309,22 @@ def plot_overoptimization(curves: list[dict], path: Path) -> bool:
             if not points:
                 continue
             colour = colours.setdefault(curve["method"], f"C{len(colours) - 1}")
-            ax.plot([p["sqrt_kl"] for p in points], [p[key] for p in points], color=colour, marker="o", markersize=3,
-                    linestyle="--" if curve["reward"] == "gold" else "-", label=curve["label"])
+            ax.plot(
+                [p["sqrt_kl"] for p in points],
+                [p[key] for p in points],
+                color=colour,
+                marker="o",
+                markersize=3,
+                linestyle="--" if curve["reward"] == "gold" else "-",
+                label=curve["label"],
+            )
         ax.set_xlabel("sqrt(KL to the SFT policy)  (nats^0.5)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best", handlelength=3)  # long enough to show the dashes
-    fig.suptitle("Reward over-optimisation (Gao et al. 2022): solid = optimised against the reward model, dashed = against gold",
-                 fontsize=9)
+    fig.suptitle(
+        "Reward over-optimisation (Gao et al. 2022): solid = optimised against the reward model, dashed = against gold",
+        fontsize=9,
+    )
     _save(fig, path)
     return True

@@ -54,19 +54,26 @@ def error_analysis(rows: list[dict], pairs: list, scores: list[tuple[float, floa
     """Counts per category over misclassified pairs, plus up to `n_examples` examples per category."""
     margins = [c - r for c, r in scores]
     margin_std = statistics.pstdev(margins) if len(margins) > 1 else 0.0
-    counts = {category: 0 for category in ERROR_CATEGORIES}
+    counts = dict.fromkeys(ERROR_CATEGORIES, 0)
     examples: dict[str, list[dict]] = {category: [] for category in ERROR_CATEGORIES}
     wrong = 0
     for row, pair, (chosen, rejected) in zip(rows, pairs, scores):
         if chosen > rejected:
             continue
         wrong += 1
-        for category in error_categories(len(pair.chosen_ids) - 1, len(pair.rejected_ids) - 1, chosen - rejected, margin_std):
+        for category in error_categories(
+            len(pair.chosen_ids) - 1, len(pair.rejected_ids) - 1, chosen - rejected, margin_std
+        ):
             counts[category] += 1
             if len(examples[category]) < n_examples:
-                examples[category].append({
-                    "prompt": row["prompt"], "chosen": row["chosen"], "rejected": row["rejected"],
-                    "reward_chosen": chosen, "reward_rejected": rejected,
-                    **{k: row[k] for k in ("gold_chosen", "gold_rejected", "family") if k in row},
-                })
+                examples[category].append(
+                    {
+                        "prompt": row["prompt"],
+                        "chosen": row["chosen"],
+                        "rejected": row["rejected"],
+                        "reward_chosen": chosen,
+                        "reward_rejected": rejected,
+                        **{k: row[k] for k in ("gold_chosen", "gold_rejected", "family") if k in row},
+                    }
+                )
     return {"misclassified": wrong, "n": len(scores), "margin_std": margin_std, "counts": counts, "examples": examples}

@@ -4,7 +4,8 @@
 an optional weight `w*` and a source,
 
     model                                        the run's trained reward model (<run>/reward/model); the default
-    package.module:function                      a reward function, e.g. rlhf.task:gold_rewards (the embedded task's gold judge)
+    package.module:function                      a reward function, e.g. rlhf.task:gold_rewards
+                                                 (the embedded task's gold judge)
     model + 0.5*rlhf.reward_functions:concise_sentence      a weighted sum
 
 so that score = sum_k w_k * source_k(prompts, responses). The stage subtracts the missing-EOS
@@ -28,8 +29,8 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -39,8 +40,10 @@ from rlhf.errors import UserError
 MODEL = "model"  # the source name of the trained reward model
 
 # One term: an optional sign (required between terms), an optional "weight *", then a source.
-_TERM = re.compile(r"\s*(?P<sign>[+-])?\s*(?:(?P<weight>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?"
-                   r"(?P<source>[A-Za-z_][\w.]*(?::[A-Za-z_]\w*)?)\s*")
+_TERM = re.compile(
+    r"\s*(?P<sign>[+-])?\s*(?:(?P<weight>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*\*\s*)?"
+    r"(?P<source>[A-Za-z_][\w.]*(?::[A-Za-z_]\w*)?)\s*"
+)
 _FUNCTION = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 RewardFunction = Callable[[list[str], list[str]], list[float]]
@@ -56,7 +59,9 @@ class RewardTerm:
 def parse_reward_spec(spec: str, key: str) -> list[RewardTerm]:
     """Terms of a reward spec (module docstring), validated; `key` (e.g. "ppo.reward") names the
     config key in the one-line errors."""
-    help_text = "expected 'model', 'package.module:function' or a weighted sum like 'model + 0.5*package.module:function'"
+    help_text = (
+        "expected 'model', 'package.module:function' or a weighted sum like 'model + 0.5*package.module:function'"
+    )
     text = spec.strip()
     if not text:
         raise UserError(f"{key} is empty; {help_text}")
@@ -77,12 +82,16 @@ def parse_reward_spec(spec: str, key: str) -> list[RewardTerm]:
         terms.append((weight, source))
         position = match.end()
     short = [MODEL if source == MODEL else source.rpartition(":")[2] for _, source in terms]
-    names = [name if short.count(name) == 1 else source.replace(".", "_").replace(":", "_") for name, (_, source) in zip(short, terms)]
+    names = [
+        name if short.count(name) == 1 else source.replace(".", "_").replace(":", "_")
+        for name, (_, source) in zip(short, terms)
+    ]
     return [RewardTerm(weight, source, name) for (weight, source), name in zip(terms, names)]
 
 
 def format_reward_spec(terms: list[RewardTerm]) -> str:
-    """The canonical spelling of parsed terms: 'model', 'pkg.mod:fn', 'model + 0.5*pkg.mod:fn', 'model - 2*pkg.mod:fn'."""
+    """The canonical spelling of parsed terms: 'model', 'pkg.mod:fn', 'model + 0.5*pkg.mod:fn',
+    'model - 2*pkg.mod:fn'."""
     text = ""
     for term in terms:
         body = term.source if abs(term.weight) == 1 else f"{abs(term.weight):g}*{term.source}"
@@ -103,12 +112,18 @@ def load_reward_function(source: str, key: str) -> RewardFunction:
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
         if missing == module_name or module_name.startswith(missing + "."):  # the module itself, not one it imports
-            raise UserError(f"{key}: no module named '{missing}' (from reward function '{source}'); check the spelling, "
-                            f"and run from the folder that holds the module or install it") from None
-        raise UserError(f"{key}: module '{module_name}' imports '{missing}', which is not installed; install it") from None
+            raise UserError(
+                f"{key}: no module named '{missing}' (from reward function '{source}'); check the spelling, "
+                f"and run from the folder that holds the module or install it"
+            ) from None
+        raise UserError(
+            f"{key}: module '{module_name}' imports '{missing}', which is not installed; install it"
+        ) from None
     except Exception as exc:  # the user's module raised while importing: show what, in one line
         message = str(exc).splitlines()[0] if str(exc) else ""
-        raise UserError(f"{key}: importing '{module_name}' for reward function '{source}' failed: {type(exc).__name__}: {message}") from None
+        raise UserError(
+            f"{key}: importing '{module_name}' for reward function '{source}' failed: {type(exc).__name__}: {message}"
+        ) from None
     if not hasattr(module, attribute):
         candidates = [name for name in dir(module) if not name.startswith("_") and callable(getattr(module, name))]
         close = difflib.get_close_matches(attribute, candidates, n=1)
@@ -116,7 +131,10 @@ def load_reward_function(source: str, key: str) -> RewardFunction:
         raise UserError(f"{key}: module '{module_name}' has no function '{attribute}'{hint}")
     function = getattr(module, attribute)
     if not callable(function):
-        raise UserError(f"{key}: '{source}' is not callable ({type(function).__name__}); it must be a function(prompts, responses) -> list[float]")
+        raise UserError(
+            f"{key}: '{source}' is not callable ({type(function).__name__}); "
+            "it must be a function(prompts, responses) -> list[float]"
+        )
     return function
 
 
@@ -127,15 +145,22 @@ def call_reward_function(source: str, function: RewardFunction, prompts: list[st
     try:
         scores = [float(value) for value in values]
     except (TypeError, ValueError):
-        raise UserError(f"reward function '{source}' returned {type(values).__name__} {str(values)[:60]!r}; "
-                        f"it must return one float per response") from None
+        raise UserError(
+            f"reward function '{source}' returned {type(values).__name__} {str(values)[:60]!r}; "
+            f"it must return one float per response"
+        ) from None
     if len(scores) != len(responses):
-        raise UserError(f"reward function '{source}' returned {len(scores)} scores for {len(responses)} responses; "
-                        f"it must return one float per response, in order")
+        raise UserError(
+            f"reward function '{source}' returned {len(scores)} scores for {len(responses)} responses; "
+            f"it must return one float per response, in order"
+        )
     bad = [i for i, score in enumerate(scores) if not math.isfinite(score)]
     if bad:
-        raise UserError(f"reward function '{source}' returned {scores[bad[0]]} for response {bad[0]} ({len(bad)} non-finite in all); "
-                        f"every score must be a finite float")
+        raise UserError(
+            f"reward function '{source}' returned {scores[bad[0]]} for response {bad[0]} "
+            f"({len(bad)} non-finite in all); "
+            f"every score must be a finite float"
+        )
     return torch.tensor(scores, dtype=torch.float32)
 
 
@@ -153,7 +178,9 @@ class RewardSource:
     def __init__(self, spec: str, key: str):
         self.key = key
         self.terms = parse_reward_spec(spec, key)
-        self.functions = {term.source: load_reward_function(term.source, key) for term in self.terms if term.source != MODEL}
+        self.functions = {
+            term.source: load_reward_function(term.source, key) for term in self.terms if term.source != MODEL
+        }
 
     @property
     def uses_model(self) -> bool:
@@ -164,7 +191,9 @@ class RewardSource:
     def spec(self) -> str:
         return format_reward_spec(self.terms)
 
-    def score(self, prompts: list[str], responses: list[str], model_scores: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
+    def score(
+        self, prompts: list[str], responses: list[str], model_scores: Tensor | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """-> (the weighted sum (B,), each term's unweighted scores (B,) by term name).
 
         model_scores: (B,) reward-model scores of the batch (None when no term uses the model);
@@ -178,7 +207,9 @@ class RewardSource:
                     raise ValueError(f"{self.key}: the spec uses the reward model but no model scores were given")
                 parts[term.name] = model_scores.float()
             else:
-                parts[term.name] = call_reward_function(term.source, self.functions[term.source], prompts, responses).to(device)
+                parts[term.name] = call_reward_function(
+                    term.source, self.functions[term.source], prompts, responses
+                ).to(device)
         return combine_rewards([term.weight for term in self.terms], list(parts.values())), parts
 
 

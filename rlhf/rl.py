@@ -8,10 +8,10 @@ rlhf.rollout for the layout), per-token tensors aligned with the token they belo
 
 Metrics (keys `<stage>/<group>/<name>`, stage `ppo` or `grpo`; one row per iteration)
 -----------------------------------------------------------------------------------------
-objective/scores            mean training score of the batch (`<stage>.reward`: the reward model, functions, or a weighted
-                            sum; rlhf/rewards.py), after the missing-EOS penalty
-reward/<term>               mean unweighted score of each term of `<stage>.reward` before the penalty: reward/model for the
-                            reward model, reward/<function name> for a function
+objective/scores            mean training score of the batch (`<stage>.reward`: the reward model, functions, or a
+                            weighted sum; rlhf/rewards.py), after the missing-EOS penalty
+reward/<term>               mean unweighted score of each term of `<stage>.reward` before the penalty: reward/model for
+                            the reward model, reward/<function name> for a function
 objective/kl                mean over rollouts of the sequence KL estimate sum_t (log pi - log pi_ref)
                             (k1, at the sampling temperature; 0 when GRPO runs without a reference)
 objective/entropy           mean per-token entropy of the policy at the sampling temperature (training pass)
@@ -30,9 +30,11 @@ val/explained_variance      (PPO) 1 - Var[R - V] / Var[R] of the rollout values 
 val/value_mean              (PPO) mean predicted value
 responses/length_mean       mean response length in tokens (EOS included)
 responses/eos_rate          fraction of responses that ended with EOS
-responses/unfinished        responses that never produced EOS within max_new_tokens (per process, mean over processes)
+responses/unfinished        responses that never produced EOS within max_new_tokens
+                            (per process, mean over processes)
 responses/length_score_corr Pearson correlation of length and score over the batch (length hacking shows here)
-gold/score_mean, gold/good_rate   (embedded task) the gold judge on the batch's responses: mean score and share rated good
+gold/score_mean, gold/good_rate   (embedded task) the gold judge on the batch's responses: mean score and share
+                                  rated good
 train/loss, train/grad_norm, train/lr   total loss, gradient norm before clipping, learning rate
 time/generate_s, time/score_s, time/train_s   wall seconds of the iteration's phases (score: all no-grad passes)
 time/eval_s                 wall seconds of a held-out evaluation (its own rows; not in the loop's time_per_sample_ms)
@@ -92,35 +94,69 @@ class RLPlan:
 
 def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_size: int = 1) -> RLPlan:
     """Derived sizes, checked at start-up with one-line errors naming the keys to change."""
-    positive = ["batch_size", "micro_batch_size", "forward_batch_size", "num_minibatches", "epochs", "max_new_tokens", "total_episodes"]
+    positive = [
+        "batch_size",
+        "micro_batch_size",
+        "forward_batch_size",
+        "num_minibatches",
+        "epochs",
+        "max_new_tokens",
+        "total_episodes",
+    ]
     for key in positive:
         if getattr(rcfg, key) < 1:
             raise UserError(f"{stage}.{key}={getattr(rcfg, key)} must be at least 1")
     if rcfg.temperature <= 0:
-        raise UserError(f"{stage}.temperature={rcfg.temperature} must be > 0: RL needs the log-probs of a sampling distribution (greedy has none)")
+        raise UserError(
+            f"{stage}.temperature={rcfg.temperature} must be > 0: "
+            "RL needs the log-probs of a sampling distribution (greedy has none)"
+        )
     if rcfg.clip <= 0 or (rcfg.clip_high is not None and rcfg.clip_high <= 0):
         raise UserError(f"{stage}.clip and {stage}.clip_high must be > 0")
     if rcfg.batch_size % group_size:
-        raise UserError(f"{stage}.batch_size={rcfg.batch_size} must be divisible by {stage}.group_size={group_size} (whole groups per batch)")
+        raise UserError(
+            f"{stage}.batch_size={rcfg.batch_size} must be divisible by {stage}.group_size={group_size} "
+            "(whole groups per batch)"
+        )
     prompts = rcfg.batch_size // group_size
     if prompts % world_size:
-        raise UserError(f"{stage}.batch_size={rcfg.batch_size} gives {prompts} prompts per iteration, not divisible by {world_size} processes")
+        raise UserError(
+            f"{stage}.batch_size={rcfg.batch_size} gives {prompts} prompts per iteration, "
+            f"not divisible by {world_size} processes"
+        )
     local_prompts = prompts // world_size
     local_batch = local_prompts * group_size
     if local_batch % rcfg.num_minibatches:
-        raise UserError(f"{stage}.batch_size={rcfg.batch_size} gives {local_batch} rollouts per process, not divisible by "
-                        f"{stage}.num_minibatches={rcfg.num_minibatches}")
+        raise UserError(
+            f"{stage}.batch_size={rcfg.batch_size} gives {local_batch} rollouts per process, not divisible by "
+            f"{stage}.num_minibatches={rcfg.num_minibatches}"
+        )
     minibatch = local_batch // rcfg.num_minibatches
     if minibatch % rcfg.micro_batch_size:
-        raise UserError(f"{stage}: a minibatch of {minibatch} rollouts per process (batch_size / processes / num_minibatches) is not "
-                        f"divisible by {stage}.micro_batch_size={rcfg.micro_batch_size}")
+        raise UserError(
+            f"{stage}: a minibatch of {minibatch} rollouts per process (batch_size / processes / num_minibatches) "
+            f"is not divisible by {stage}.micro_batch_size={rcfg.micro_batch_size}"
+        )
     iterations = rcfg.total_episodes // rcfg.batch_size
     if iterations < 1:
-        raise UserError(f"{stage}.total_episodes={rcfg.total_episodes} is less than one batch ({stage}.batch_size={rcfg.batch_size})")
+        raise UserError(
+            f"{stage}.total_episodes={rcfg.total_episodes} is less than one batch "
+            f"({stage}.batch_size={rcfg.batch_size})"
+        )
     if n_prompts < prompts:
-        raise UserError(f"{stage}: {n_prompts} training prompts are fewer than the {prompts} needed per iteration; lower {stage}.batch_size")
-    return RLPlan(iterations, prompts, local_prompts, local_batch, minibatch, minibatch // rcfg.micro_batch_size,
-                  iterations * rcfg.epochs * rcfg.num_minibatches)
+        raise UserError(
+            f"{stage}: {n_prompts} training prompts are fewer than the {prompts} needed per iteration; "
+            f"lower {stage}.batch_size"
+        )
+    return RLPlan(
+        iterations,
+        prompts,
+        local_prompts,
+        local_batch,
+        minibatch,
+        minibatch // rcfg.micro_batch_size,
+        iterations * rcfg.epochs * rcfg.num_minibatches,
+    )
 
 
 def check_rl_config(stage: str, rcfg: RLConfig) -> None:
@@ -137,7 +173,10 @@ def check_ppo_config(pcfg: PPOConfig) -> None:
     if pcfg.kl_coef < 0:
         raise UserError(f"ppo.kl_coef={pcfg.kl_coef} must be >= 0")
     if pcfg.kl_target is not None and (pcfg.kl_target <= 0 or pcfg.kl_horizon < 1):
-        raise UserError(f"ppo.kl_target={pcfg.kl_target} must be > 0 and ppo.kl_horizon={pcfg.kl_horizon} >= 1 (or kl_target=null for a fixed beta)")
+        raise UserError(
+            f"ppo.kl_target={pcfg.kl_target} must be > 0 and ppo.kl_horizon={pcfg.kl_horizon} >= 1 "
+            "(or kl_target=null for a fixed beta)"
+        )
     if not 0 <= pcfg.gamma <= 1 or not 0 <= pcfg.lam <= 1:
         raise UserError(f"ppo.gamma={pcfg.gamma} and ppo.lam={pcfg.lam} must lie in [0, 1]")
 
@@ -147,7 +186,10 @@ def check_grpo_config(gcfg: GRPOConfig) -> None:
     if gcfg.group_size < 1 or (gcfg.scale_rewards and gcfg.group_size < 2):
         raise UserError(f"grpo.group_size={gcfg.group_size} must be at least 2 (a group needs a spread of rewards)")
     if gcfg.loss_normalization not in GRPO_NORMALIZERS:
-        raise UserError(f"grpo.loss_normalization must be one of {', '.join(sorted(GRPO_NORMALIZERS))}, got '{gcfg.loss_normalization}'")
+        raise UserError(
+            f"grpo.loss_normalization must be one of {', '.join(sorted(GRPO_NORMALIZERS))}, "
+            f"got '{gcfg.loss_normalization}'"
+        )
     if gcfg.kl_coef < 0:
         raise UserError(f"grpo.kl_coef={gcfg.kl_coef} must be >= 0 (0: no KL term and no reference model)")
 
@@ -155,8 +197,10 @@ def check_grpo_config(gcfg: GRPOConfig) -> None:
 def check_context(stage: str, longest_prompt: int, max_new_tokens: int, context: int | None) -> None:
     """The longest prompt plus the response budget must fit the model's positions."""
     if context is not None and longest_prompt + max_new_tokens > context:
-        raise UserError(f"{stage}: the longest prompt ({longest_prompt} tokens) + {stage}.max_new_tokens={max_new_tokens} exceeds the "
-                        f"model's {context} positions; lower {stage}.max_new_tokens or data.max_prompt_tokens")
+        raise UserError(
+            f"{stage}: the longest prompt ({longest_prompt} tokens) + {stage}.max_new_tokens={max_new_tokens} "
+            f"exceeds the model's {context} positions; lower {stage}.max_new_tokens or data.max_prompt_tokens"
+        )
 
 
 def context_size(model_dir) -> int | None:
@@ -178,8 +222,10 @@ def check_gold_prompts(stage: str, prompts: list[str], source: str) -> None:
         try:
             task.parse_prompt(prompt)
         except ValueError:
-            raise UserError(f"{stage}: {source} holds a prompt the gold judge cannot parse ({prompt.strip()[:80]!r}); it was written by "
-                            f"another version of rlhf/task/: re-run the data stage with --force") from None
+            raise UserError(
+                f"{stage}: {source} holds a prompt the gold judge cannot parse ({prompt.strip()[:80]!r}); "
+                f"it was written by another version of rlhf/task/: re-run the data stage with --force"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -203,8 +249,8 @@ def load_rl_prompts(stage: str, run: RunDir, cfg: Config, tokenizer, n_eval: int
     On the embedded task every one must parse for the gold judge."""
     train_texts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
     eval_texts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[:n_eval]
-    train_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, train_texts)]
-    eval_ids = [ids[-cfg.data.max_prompt_tokens:] for ids in encode_texts(tokenizer, eval_texts)]
+    train_ids = [ids[-cfg.data.max_prompt_tokens :] for ids in encode_texts(tokenizer, train_texts)]
+    eval_ids = [ids[-cfg.data.max_prompt_tokens :] for ids in encode_texts(tokenizer, eval_texts)]
     if cfg.data.path == "embedded":
         check_gold_prompts(stage, train_texts, "data/train.jsonl")
         check_gold_prompts(stage, eval_texts, "data/val.jsonl")
@@ -235,39 +281,58 @@ def iteration_prompts(n_prompts: int, per_iteration: int, iteration: int, seed: 
     per_epoch = n_prompts // per_iteration
     epoch, position = divmod(iteration, per_epoch)
     order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
-    return order[position * per_iteration:(position + 1) * per_iteration].tolist()
+    return order[position * per_iteration : (position + 1) * per_iteration].tolist()
 
 
-def local_prompt_rows(n_prompts: int, plan: RLPlan, iteration: int, seed: int, rank: int, group_size: int = 1) -> list[int]:
+def local_prompt_rows(
+    n_prompts: int, plan: RLPlan, iteration: int, seed: int, rank: int, group_size: int = 1
+) -> list[int]:
     """This process's prompt indices for one iteration: its slice of `iteration_prompts`, each
     repeated group_size times, so consecutive rows form a group."""
     rows = iteration_prompts(n_prompts, plan.prompts_per_iteration, iteration, seed)
-    return [i for i in rows[rank * plan.local_prompts:(rank + 1) * plan.local_prompts] for _ in range(group_size)]
+    return [i for i in rows[rank * plan.local_prompts : (rank + 1) * plan.local_prompts] for _ in range(group_size)]
 
 
 # ----------------------------------------------------------------------------- checkpoints and logging
 
 
-def load_rl_checkpoint(stage: str, run: RunDir, cfg: Config, accelerator, model: torch.nn.Module, optimizer, scheduler,
-                       iterations: int) -> dict | None:
+def load_rl_checkpoint(
+    stage: str, run: RunDir, cfg: Config, accelerator, model: torch.nn.Module, optimizer, scheduler, iterations: int
+) -> dict | None:
     """Restore the stage's last checkpoint (`save_rl_checkpoint`) into the unwrapped model, the
     optimizer, the scheduler and the RNG; -> its state ({"iteration": ..., ...}), or None when
     there is none. One written for another config is an error, not a silent restart."""
     state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
     if state is not None and state.get("fingerprint") != run.fingerprint(stage, cfg):
-        raise UserError(f"{run.checkpoint_dir(stage)} belongs to a different config; delete it or pass --force to start over")
+        raise UserError(
+            f"{run.checkpoint_dir(stage)} belongs to a different config; delete it or pass --force to start over"
+        )
     if state is not None:
         accelerator.print(f"[{stage}] resumed from iteration {state['iteration']}/{iterations}")
     return state
 
 
-def save_rl_checkpoint(stage: str, run: RunDir, cfg: Config, accelerator, model: torch.nn.Module, optimizer, scheduler,
-                       iteration: int, **extra) -> None:
+def save_rl_checkpoint(
+    stage: str,
+    run: RunDir,
+    cfg: Config,
+    accelerator,
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    iteration: int,
+    **extra,
+) -> None:
     """Write the resumable checkpoint after `iteration` (plus the stage's `extra` state) from the
     main process, tagged with the config fingerprint; every process waits until it is written."""
     if accelerator.is_main_process:
-        save_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler,
-                            {"iteration": iteration, "fingerprint": run.fingerprint(stage, cfg), **extra})
+        save_training_state(
+            run.checkpoint_dir(stage),
+            accelerator.unwrap_model(model),
+            optimizer,
+            scheduler,
+            {"iteration": iteration, "fingerprint": run.fingerprint(stage, cfg), **extra},
+        )
     accelerator.wait_for_everyone()
 
 
@@ -291,7 +356,9 @@ def apply_missing_eos_penalty(scores: Tensor, finished: Tensor, penalty: float) 
     return torch.where(finished, upcast(scores), upcast(scores) - penalty)
 
 
-def shape_rewards(scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, kl_coef: float) -> tuple[Tensor, Tensor]:
+def shape_rewards(
+    scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor, kl_coef: float
+) -> tuple[Tensor, Tensor]:
     """Per-token PPO rewards (Ziegler et al. 2019; Huang et al. 2024):
 
         r_t = -beta * (log pi(y_t) - log pi_ref(y_t))  at every response token,
@@ -352,7 +419,8 @@ def shifted_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> T
 
 
 def shifted_entropy(logits: Tensor, temperature: float) -> Tensor:
-    """Entropy of the next-token distribution that produced each token, at the temperature; (B, T, V) -> (B, T), column 0 is 0."""
+    """Entropy of the next-token distribution that produced each token, at the temperature;
+    (B, T, V) -> (B, T), column 0 is 0."""
     return torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / temperature), (1, 0))
 
 
@@ -366,7 +434,7 @@ def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator) 
     """A fresh random split of n rollouts into num_minibatches equal parts (one epoch)."""
     order = torch.randperm(n, generator=generator)
     size = n // num_minibatches
-    return [order[k * size:(k + 1) * size] for k in range(num_minibatches)]
+    return [order[k * size : (k + 1) * size] for k in range(num_minibatches)]
 
 
 def accumulation_weights(response_mask: Tensor, micro_batch_size: int, normalization: str) -> list[float]:
@@ -377,7 +445,9 @@ def accumulation_weights(response_mask: Tensor, micro_batch_size: int, normaliza
     tokens; "sequence": a loss averaged over rows weighs its share of the rows.
     response_mask: (n, T) bool for the minibatch -> one weight per micro-batch, summing to 1.
     """
-    counts = [response_mask[start:start + micro_batch_size] for start in range(0, response_mask.shape[0], micro_batch_size)]
+    counts = [
+        response_mask[start : start + micro_batch_size] for start in range(0, response_mask.shape[0], micro_batch_size)
+    ]
     if normalization == "token":
         sizes = [float(mask.sum()) for mask in counts]
     elif normalization == "sequence":
@@ -388,8 +458,9 @@ def accumulation_weights(response_mask: Tensor, micro_batch_size: int, normaliza
     return [size / total if total else 1.0 / len(sizes) for size in sizes]
 
 
-def micro_batches(minibatch: Tensor, lengths: Tensor, response_mask: Tensor, micro_batch_size: int,
-                  normalization: str) -> list[tuple[Tensor, int, float]]:
+def micro_batches(
+    minibatch: Tensor, lengths: Tensor, response_mask: Tensor, micro_batch_size: int, normalization: str
+) -> list[tuple[Tensor, int, float]]:
     """Split one minibatch of rollout rows into micro-batches for gradient accumulation.
 
     minibatch: (n,) row indices; lengths: (B,) tokens per row; response_mask: (B, T) bool.
@@ -399,20 +470,24 @@ def micro_batches(minibatch: Tensor, lengths: Tensor, response_mask: Tensor, mic
     """
     minibatch = minibatch[torch.argsort(lengths[minibatch], stable=True)]
     weights = accumulation_weights(response_mask[minibatch], micro_batch_size, normalization)
-    chunks = [minibatch[k * micro_batch_size:(k + 1) * micro_batch_size] for k in range(len(weights))]
+    chunks = [minibatch[k * micro_batch_size : (k + 1) * micro_batch_size] for k in range(len(weights))]
     return [(rows, int(lengths[rows].max()), weight) for rows, weight in zip(chunks, weights)]
 
 
 def build_ppo_optimizer(model: torch.nn.Module, pcfg: PPOConfig) -> torch.optim.Optimizer:
     """AdamW over a PolicyAndValue module: weight decay on matrices only; the critic's own
     parameters (the separate value model, or the shared value head) at `value_lr` when set."""
-    critic_ids = {id(p) for part in (model.value_model, model.value_head) if part is not None for p in part.parameters()}
+    critic_ids = {
+        id(p) for part in (model.value_model, model.value_head) if part is not None for p in part.parameters()
+    }
     groups = []
     for is_critic in (False, True):
         params = [p for p in model.parameters() if p.requires_grad and (id(p) in critic_ids) == is_critic]
         lr = pcfg.value_lr if is_critic and pcfg.value_lr is not None else pcfg.lr
-        groups += [{"params": [p for p in params if p.ndim >= 2], "weight_decay": pcfg.weight_decay, "lr": lr},
-                   {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr}]
+        groups += [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": pcfg.weight_decay, "lr": lr},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr},
+        ]
     return torch.optim.AdamW([g for g in groups if g["params"]], lr=pcfg.lr, eps=pcfg.adam_eps)
 
 
@@ -427,20 +502,27 @@ def pearson(x: Tensor, y: Tensor) -> float:
     return float((x * y).sum() / denominator) if denominator > 0 else 0.0
 
 
-def response_metrics(response_lengths: Tensor, finished: Tensor, scores: Tensor, generate_s: float) -> dict[str, Tensor]:
+def response_metrics(
+    response_lengths: Tensor, finished: Tensor, scores: Tensor, generate_s: float
+) -> dict[str, Tensor]:
     """The responses/* metrics of a batch and time/tokens_per_s (glossary above).
 
     response_lengths: (B,) tokens, EOS included; finished: (B,) bool; scores: (B,); generate_s:
     wall seconds the batch took to generate.
     """
     lengths = response_lengths.float()
-    return {"responses/length_mean": lengths.mean(), "responses/eos_rate": finished.float().mean(),
-            "responses/unfinished": (~finished).float().sum(), "responses/length_score_corr": torch.tensor(pearson(lengths, scores)),
-            "time/tokens_per_s": lengths.sum() / max(generate_s, 1e-9)}
+    return {
+        "responses/length_mean": lengths.mean(),
+        "responses/eos_rate": finished.float().mean(),
+        "responses/unfinished": (~finished).float().sum(),
+        "responses/length_score_corr": torch.tensor(pearson(lengths, scores)),
+        "time/tokens_per_s": lengths.sum() / max(generate_s, 1e-9),
+    }
 
 
 def gold_metrics(prompts: list[str], responses: list[str]) -> dict[str, Tensor]:
-    """The gold/* metrics of a batch on the embedded task: mean gold score and the share rated good (`task.is_good_score`)."""
+    """The gold/* metrics of a batch on the embedded task: mean gold score and the share rated good
+    (`task.is_good_score`)."""
     gold = torch.tensor(gold_scores(prompts, responses))
     return {"gold/score_mean": gold.mean(), "gold/good_rate": (gold >= task.GOOD_SCORE - 1e-9).float().mean()}
 
@@ -469,7 +551,9 @@ def state_memory_mb(modules: list[torch.nn.Module], optimizers: list[torch.optim
     a critic adds or removes, independent of the interpreter's baseline (what max RSS mixes in)."""
     seen, total = set(), 0
     tensors = [p for m in modules for p in m.parameters()]
-    tensors += [v for opt in optimizers for state in opt.state.values() for v in state.values() if isinstance(v, Tensor)]
+    tensors += [
+        v for opt in optimizers for state in opt.state.values() for v in state.values() if isinstance(v, Tensor)
+    ]
     for tensor in tensors:
         if tensor.data_ptr() not in seen:
             seen.add(tensor.data_ptr())
@@ -477,13 +561,22 @@ def state_memory_mb(modules: list[torch.nn.Module], optimizers: list[torch.optim
     return total / 2**20
 
 
-def loop_costs(loop_s: float, episodes: int, device: torch.device, modules: list[torch.nn.Module],
-               optimizers: list[torch.optim.Optimizer]) -> dict:
+def loop_costs(
+    loop_s: float,
+    episodes: int,
+    device: torch.device,
+    modules: list[torch.nn.Module],
+    optimizers: list[torch.optim.Optimizer],
+) -> dict:
     """What the training loop cost, for the summary: wall ms per episode it trained (None when it
     trained none, e.g. resumed at its end), peak memory and what measured it, and `state_memory_mb`."""
     peak_mb, peak_source = peak_memory_mb(device)
-    return {"time_per_sample_ms": 1000 * loop_s / episodes if episodes else None, "peak_memory_mb": peak_mb,
-            "peak_memory_source": peak_source, "state_memory_mb": state_memory_mb(modules, optimizers)}
+    return {
+        "time_per_sample_ms": 1000 * loop_s / episodes if episodes else None,
+        "peak_memory_mb": peak_mb,
+        "peak_memory_source": peak_source,
+        "state_memory_mb": state_memory_mb(modules, optimizers),
+    }
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -508,8 +601,17 @@ def check_frozen(stage: str, roles: dict[str, torch.nn.Module | None], before: d
 
 
 @torch.no_grad()
-def sample_for_eval(policy, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig, seed: int, batch_size: int,
-                    reward_model, accelerator, reference=None) -> dict[str, list]:
+def sample_for_eval(
+    policy,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    sampling: SamplingConfig,
+    seed: int,
+    batch_size: int,
+    reward_model,
+    accelerator,
+    reference=None,
+) -> dict[str, list]:
     """Sample one response per prompt (sharded over processes, seeded by seed + rank so two policies
     see the same random numbers) and score it with the reward model; with `reference`, also the
     sequence KL of each response to it. -> per-prompt lists: responses, rewards, lengths, finished, kl."""
@@ -521,18 +623,41 @@ def sample_for_eval(policy, tokenizer, prompt_ids: list[list[int]], sampling: Sa
         rewards = score_rollout(reward_model, rollout, batch_size)  # (b,)
         kl = torch.zeros_like(rewards)
         if reference is not None:
-            kl = sequence_kl(rollout_logprobs(policy, rollout, sampling.temperature, batch_size),
-                             rollout_logprobs(reference, rollout, sampling.temperature, batch_size), rollout.response_mask)
-        return [{"response": text, "reward": r, "length": n, "finished": f, "kl": k} for text, r, n, f, k in
-                zip(rollout.texts(tokenizer), rewards.tolist(), rollout.response_lengths.tolist(), rollout.finished.tolist(), kl.tolist())]
+            kl = sequence_kl(
+                rollout_logprobs(policy, rollout, sampling.temperature, batch_size),
+                rollout_logprobs(reference, rollout, sampling.temperature, batch_size),
+                rollout.response_mask,
+            )
+        return [
+            {"response": text, "reward": r, "length": n, "finished": f, "kl": k}
+            for text, r, n, f, k in zip(
+                rollout.texts(tokenizer),
+                rewards.tolist(),
+                rollout.response_lengths.tolist(),
+                rollout.finished.tolist(),
+                kl.tolist(),
+            )
+        ]
 
     items = forward_map(one_batch, prompt_ids, batch_size, accelerator)
-    return {"responses": [i["response"] for i in items], "rewards": [i["reward"] for i in items], "lengths": [i["length"] for i in items],
-            "finished": [i["finished"] for i in items], "kl": [i["kl"] for i in items]}
+    return {
+        "responses": [i["response"] for i in items],
+        "rewards": [i["reward"] for i in items],
+        "lengths": [i["length"] for i in items],
+        "finished": [i["finished"] for i in items],
+        "kl": [i["kl"] for i in items],
+    }
 
 
-def append_samples(path, iteration: int, prompts: list[str], responses: list[str], scores: list[float], finished: list[bool],
-                   gold: bool) -> None:
+def append_samples(
+    path,
+    iteration: int,
+    prompts: list[str],
+    responses: list[str],
+    scores: list[float],
+    finished: list[bool],
+    gold: bool,
+) -> None:
     """Append training samples (prompt, response, score; gold score on the embedded task) to a JSONL file."""
     import json
 
@@ -548,8 +673,14 @@ def eval_rows(prompts: list[str], policy: dict, sft: dict) -> list[dict]:
     """Per-prompt rows of the final comparison (after `compare_with_sft`, which adds gold scores)."""
     rows = []
     for i, prompt in enumerate(prompts):
-        row = {"prompt": prompt, "response": policy["responses"][i], "reward": policy["rewards"][i], "kl": policy["kl"][i],
-               "sft_response": sft["responses"][i], "sft_reward": sft["rewards"][i]}
+        row = {
+            "prompt": prompt,
+            "response": policy["responses"][i],
+            "reward": policy["rewards"][i],
+            "kl": policy["kl"][i],
+            "sft_response": sft["responses"][i],
+            "sft_reward": sft["rewards"][i],
+        }
         if "gold" in policy:
             row.update(gold_score=policy["gold"][i], sft_gold_score=sft["gold"][i])
         rows.append(row)
@@ -564,14 +695,22 @@ def summarize_samples(prompts: list[str], samples: dict, gold: bool) -> dict:
     """Means over one policy's held-out samples (`sample_for_eval`): reward_mean, kl_to_ref,
     length_mean, eos_rate; with gold=True (embedded task) also gold_score_mean and gold_good_rate,
     and the per-prompt gold scores are stored in samples["gold"]."""
+
     def mean(values):
         return sum(values) / len(values) if values else math.nan
 
-    summary = {"reward_mean": mean(samples["rewards"]), "kl_to_ref": mean(samples["kl"]), "length_mean": mean(samples["lengths"]),
-               "eos_rate": mean([float(f) for f in samples["finished"]])}
+    summary = {
+        "reward_mean": mean(samples["rewards"]),
+        "kl_to_ref": mean(samples["kl"]),
+        "length_mean": mean(samples["lengths"]),
+        "eos_rate": mean([float(f) for f in samples["finished"]]),
+    }
     if gold:
         samples["gold"] = gold_scores(prompts, samples["responses"])
-        summary.update(gold_score_mean=mean(samples["gold"]), gold_good_rate=mean([float(task.is_good_score(s)) for s in samples["gold"]]))
+        summary.update(
+            gold_score_mean=mean(samples["gold"]),
+            gold_good_rate=mean([float(task.is_good_score(s)) for s in samples["gold"]]),
+        )
     return summary
 
 
@@ -585,9 +724,12 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) ->
     ours, theirs = summarize_samples(prompts, policy, gold), summarize_samples(prompts, sft, gold)
     results = {
         "eval_prompts": len(prompts),
-        "reward_mean": ours["reward_mean"], "sft_reward_mean": theirs["reward_mean"],
-        "length_mean": ours["length_mean"], "sft_length_mean": theirs["length_mean"],
-        "eos_rate": ours["eos_rate"], "sft_eos_rate": theirs["eos_rate"],
+        "reward_mean": ours["reward_mean"],
+        "sft_reward_mean": theirs["reward_mean"],
+        "length_mean": ours["length_mean"],
+        "sft_length_mean": theirs["length_mean"],
+        "eos_rate": ours["eos_rate"],
+        "sft_eos_rate": theirs["eos_rate"],
         "kl_to_ref": ours["kl_to_ref"],
     }
     results["reward_delta"] = results["reward_mean"] - results["sft_reward_mean"]
@@ -595,24 +737,44 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) ->
     results["reward_win_rate_vs_sft"] = reward_h2h["win_rate"]
     if gold:
         gold_h2h = head_to_head(policy["gold"], sft["gold"])
-        results.update({
-            "gold_score_mean": ours["gold_score_mean"], "sft_gold_score_mean": theirs["gold_score_mean"],
-            "gold_good_rate": ours["gold_good_rate"], "sft_gold_good_rate": theirs["gold_good_rate"],
-            "gold_win_rate_vs_sft": gold_h2h["win_rate"], "gold_wins": gold_h2h["wins"], "gold_losses": gold_h2h["losses"],
-            "gold_ties": gold_h2h["ties"], "gold_win_rate_ci95": [gold_h2h["ci95_low"], gold_h2h["ci95_high"]],
-        })
+        results.update(
+            {
+                "gold_score_mean": ours["gold_score_mean"],
+                "sft_gold_score_mean": theirs["gold_score_mean"],
+                "gold_good_rate": ours["gold_good_rate"],
+                "sft_gold_good_rate": theirs["gold_good_rate"],
+                "gold_win_rate_vs_sft": gold_h2h["win_rate"],
+                "gold_wins": gold_h2h["wins"],
+                "gold_losses": gold_h2h["losses"],
+                "gold_ties": gold_h2h["ties"],
+                "gold_win_rate_ci95": [gold_h2h["ci95_low"], gold_h2h["ci95_high"]],
+            }
+        )
         results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
     return results
 
 
-def evaluate_against_sft(policy, sft_policy, reward_model, tokenizer, prompts: RLPrompts, sampling: SamplingConfig, seed: int,
-                         batch_size: int, accelerator, gold: bool) -> tuple[dict, list[dict]]:
+def evaluate_against_sft(
+    policy,
+    sft_policy,
+    reward_model,
+    tokenizer,
+    prompts: RLPrompts,
+    sampling: SamplingConfig,
+    seed: int,
+    batch_size: int,
+    accelerator,
+    gold: bool,
+) -> tuple[dict, list[dict]]:
     """The final policy against the SFT policy on the held-out prompts, with the same sampling
     settings and seed for both; the policy's KL is measured to the SFT policy.
     -> (the `compare_with_sft` summary, per-prompt `eval_rows` for eval_samples.jsonl)."""
-    policy_eval = sample_for_eval(policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator,
-                                  reference=sft_policy)
-    sft_eval = sample_for_eval(sft_policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator)
+    policy_eval = sample_for_eval(
+        policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator, reference=sft_policy
+    )
+    sft_eval = sample_for_eval(
+        sft_policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator
+    )
     results = compare_with_sft(prompts.eval_texts, policy_eval, sft_eval, gold=gold)
     return results, eval_rows(prompts.eval_texts, policy_eval, sft_eval)
 
@@ -624,41 +786,79 @@ def eval_due(iteration: int, eval_every: int, iterations: int) -> bool:
     return eval_every > 0 and iteration % eval_every == 0 and iteration < iterations
 
 
-def held_out_eval(stage: str, policy, sft_policy, reward_model, tokenizer, prompts: RLPrompts, sampling: SamplingConfig, seed: int,
-                  batch_size: int, accelerator, gold: bool) -> dict[str, float]:
+def held_out_eval(
+    stage: str,
+    policy,
+    sft_policy,
+    reward_model,
+    tokenizer,
+    prompts: RLPrompts,
+    sampling: SamplingConfig,
+    seed: int,
+    batch_size: int,
+    accelerator,
+    gold: bool,
+) -> dict[str, float]:
     """The policy now, on the held-out prompts: `summarize_samples` as `<stage>/eval/*` metrics, with
     the KL measured to the SFT policy. Sampled with the final evaluation's seed, inside a forked RNG,
     so training continues on the random stream it would have had without this evaluation (the same
     weights with or without eval_every, and a resumed run stays exact)."""
     devices = [accelerator.device] if accelerator.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        samples = sample_for_eval(policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator,
-                                  reference=sft_policy)
+        samples = sample_for_eval(
+            policy,
+            tokenizer,
+            prompts.eval_ids,
+            sampling,
+            seed,
+            batch_size,
+            reward_model,
+            accelerator,
+            reference=sft_policy,
+        )
     return eval_metrics(stage, summarize_samples(prompts.eval_texts, samples, gold))
 
 
 def eval_metrics(stage: str, results: dict) -> dict[str, float]:
     """The numbers of a results dict as `<stage>/eval/<key>` metrics (flags, None, lists and strings left out)."""
-    return {f"{stage}/eval/{key}": value for key, value in results.items()
-            if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    return {
+        f"{stage}/eval/{key}": value
+        for key, value in results.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 def final_line(stage: str, results: dict) -> str:
     """The stage's last console line: reward-model score and KL of the final policy against SFT,
     and on the embedded task the gold scores and gold win rate."""
-    line = (f"[{stage}] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), "
-            f"KL to ref {results['kl_to_ref']:.2f} nats")
+    line = (
+        f"[{stage}] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), "
+        f"KL to ref {results['kl_to_ref']:.2f} nats"
+    )
     if "gold_score_mean" in results:
-        line += (f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "
-                 f"gold win rate vs SFT {results['gold_win_rate_vs_sft']:.3f}")
+        line += (
+            f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "
+            f"gold win rate vs SFT {results['gold_win_rate_vs_sft']:.3f}"
+        )
     return line
 
 
 # ----------------------------------------------------------------------------- publishing
 
 
-def publish_rl(stage: str, run: RunDir, cfg: Config, accelerator, logger: MetricLogger, policy: torch.nn.Module, tokenizer,
-               results: dict, eval_samples: list[dict], curves: list[str], t_start: float) -> None:
+def publish_rl(
+    stage: str,
+    run: RunDir,
+    cfg: Config,
+    accelerator,
+    logger: MetricLogger,
+    policy: torch.nn.Module,
+    tokenizer,
+    results: dict,
+    eval_samples: list[dict],
+    curves: list[str],
+    t_start: float,
+) -> None:
     """The end of an RL stage. The main process writes `<stage>/model/` (the unwrapped policy in
     Hugging Face format), eval_samples.jsonl, curves.png (the `curves` keys), results.json and the
     stage's entries in summary.json (timing since `t_start`), then marks the stage complete, which

@@ -31,8 +31,8 @@ Contracts:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Callable
 
 import torch
 
@@ -78,7 +78,7 @@ class Rollout:
     def response_lengths(self) -> torch.Tensor:
         return self.response_mask.sum(-1)  # (B,) tokens, EOS included
 
-    def select(self, rows: torch.Tensor | list[int]) -> "Rollout":
+    def select(self, rows: torch.Tensor | list[int]) -> Rollout:
         """The rollouts of `rows` (any order, repeats allowed), trimmed to their longest row."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.input_ids.device)
         width = int(self.lengths[rows].max()) if len(rows) else 0
@@ -90,7 +90,7 @@ class Rollout:
             picked[f.name] = value
         return Rollout(**picked)
 
-    def to(self, device) -> "Rollout":
+    def to(self, device) -> Rollout:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         return Rollout(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
@@ -124,8 +124,14 @@ def chunks(n: int, size: int) -> list[slice]:
 
 
 @torch.no_grad()
-def generate_rollout(model, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig, batch_size: int | None = None,
-                     return_generation_logprobs: bool = False) -> Rollout:
+def generate_rollout(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    sampling: SamplingConfig,
+    batch_size: int | None = None,
+    return_generation_logprobs: bool = False,
+) -> Rollout:
     """Sample one response per prompt with the KV cache, `batch_size` prompts per generate() call.
 
     `model` is a causal LM (unwrapped). Rows keep the order of `prompt_ids`; repeat a prompt to
@@ -160,8 +166,12 @@ def generate_rollout(model, tokenizer, prompt_ids: list[list[int]], sampling: Sa
 
     # Chunks stop at different lengths: pad every chunk to the longest, marking the padding.
     longest = max(piece.shape[1] for piece in pieces)
-    generated = torch.cat([torch.nn.functional.pad(p, (0, longest - p.shape[1]), value=pad_id) for p in pieces])  # (B, R)
-    produced = torch.cat([torch.arange(longest, device=device).expand(p.shape[0], -1) < p.shape[1] for p in pieces])  # (B, R)
+    generated = torch.cat(
+        [torch.nn.functional.pad(p, (0, longest - p.shape[1]), value=pad_id) for p in pieces]
+    )  # (B, R)
+    produced = torch.cat(
+        [torch.arange(longest, device=device).expand(p.shape[0], -1) < p.shape[1] for p in pieces]
+    )  # (B, R)
     ids, keep = truncate_after_eos(generated, eos_id, pad_id)
     keep &= produced  # (B, R)
     finished = ((ids == eos_id) & keep).any(-1)  # (B,)
@@ -179,9 +189,13 @@ def generate_rollout(model, tokenizer, prompt_ids: list[list[int]], sampling: Sa
     response_mask = real & (columns >= prompt_lengths[:, None])  # (B, T)
     generation_logprobs = None
     if return_generation_logprobs:
-        logprobs = torch.cat([torch.nn.functional.pad(lp, (0, longest - lp.shape[1])) for lp in logprob_pieces])  # (B, R)
+        logprobs = torch.cat(
+            [torch.nn.functional.pad(lp, (0, longest - lp.shape[1])) for lp in logprob_pieces]
+        )  # (B, R)
         logprobs = torch.nn.functional.pad(logprobs, (width, 0))  # (B, P + R)
-        generation_logprobs = torch.where(response_mask, logprobs.gather(1, source.clamp(max=left.shape[1] - 1)), 0.0)  # (B, T)
+        generation_logprobs = torch.where(
+            response_mask, logprobs.gather(1, source.clamp(max=left.shape[1] - 1)), 0.0
+        )  # (B, T)
     return Rollout(input_ids, real.long(), response_mask, finished, generation_logprobs)
 
 
@@ -193,6 +207,7 @@ def sample_responses(model, tokenizer, prompt_ids: list[list[int]], sampling: Sa
 
 
 # ----------------------------------------------------------------------------- forward-only passes
+
 
 @torch.no_grad()
 def forward_in_chunks(fn: Callable[..., torch.Tensor | tuple], rollout: Rollout, batch_size: int):
@@ -234,26 +249,37 @@ def same_tokenizer(a, b) -> bool:
     """True when token ids mean the same thing to both tokenizers (same vocabulary and special ids)."""
     if a is b:
         return True
-    return (a.get_vocab() == b.get_vocab() and a.eos_token_id == b.eos_token_id and a.pad_token_id == b.pad_token_id)
+    return a.get_vocab() == b.get_vocab() and a.eos_token_id == b.eos_token_id and a.pad_token_id == b.pad_token_id
 
 
-def retokenize(rollout: Rollout, policy_tokenizer, reward_tokenizer, max_tokens: int | None = None) -> dict[str, torch.Tensor]:
+def retokenize(
+    rollout: Rollout, policy_tokenizer, reward_tokenizer, max_tokens: int | None = None
+) -> dict[str, torch.Tensor]:
     """The rollout's prompts and responses as text, re-tokenized for a reward model with another
     tokenizer: `[prompt][response][EOS if finished]`, right-padded. `max_tokens` keeps the newest
     tokens of an over-long prompt (the reward is read at the end, so the response is kept whole)."""
     prompts = policy_tokenizer.batch_decode(rollout.prompt_ids(), skip_special_tokens=False)
     responses = encode_texts(reward_tokenizer, rollout.texts(policy_tokenizer))
-    responses = [ids + [reward_tokenizer.eos_token_id] if done else ids for ids, done in zip(responses, rollout.finished.tolist())]
+    responses = [
+        ids + [reward_tokenizer.eos_token_id] if done else ids
+        for ids, done in zip(responses, rollout.finished.tolist())
+    ]
     prompt_ids = encode_texts(reward_tokenizer, prompts)
     if max_tokens is not None:
-        prompt_ids = [p[-max(max_tokens - len(r), 1):] for p, r in zip(prompt_ids, responses)]
+        prompt_ids = [p[-max(max_tokens - len(r), 1) :] for p, r in zip(prompt_ids, responses)]
     batch = collate_sequences(prompt_ids, responses, reward_tokenizer.pad_token_id)
     return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
 
 @torch.no_grad()
-def score_rollout(reward_model, rollout: Rollout, batch_size: int, policy_tokenizer=None, reward_tokenizer=None,
-                  max_tokens: int | None = None) -> torch.Tensor:
+def score_rollout(
+    reward_model,
+    rollout: Rollout,
+    batch_size: int,
+    policy_tokenizer=None,
+    reward_tokenizer=None,
+    max_tokens: int | None = None,
+) -> torch.Tensor:
     """(B,) reward-model scores, read at each response's last real token.
 
     With the policy's tokenizer (or none given) the rollout's own ids are scored; otherwise
@@ -263,5 +289,9 @@ def score_rollout(reward_model, rollout: Rollout, batch_size: int, policy_tokeni
         return forward_in_chunks(lambda ids, mask: reward_scores(reward_model, ids, mask), rollout, batch_size)
     device = rollout.input_ids.device
     batch = retokenize(rollout, policy_tokenizer, reward_tokenizer, max_tokens)
-    return torch.cat([reward_scores(reward_model, batch["input_ids"][rows].to(device), batch["attention_mask"][rows].to(device))
-                      for rows in chunks(batch["input_ids"].shape[0], batch_size)])
+    return torch.cat(
+        [
+            reward_scores(reward_model, batch["input_ids"][rows].to(device), batch["attention_mask"][rows].to(device))
+            for rows in chunks(batch["input_ids"].shape[0], batch_size)
+        ]
+    )

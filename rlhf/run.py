@@ -120,9 +120,12 @@ class RunDir:
         if self.is_complete(stage, cfg):
             return
         flags = f"--preset {self.preset}" if self.preset else "--config FILE"
-        why = "was run with a different config" if (self.stage(stage) / COMPLETE_FILE).is_file() else "has not completed"
+        why = (
+            "was run with a different config" if (self.stage(stage) / COMPLETE_FILE).is_file() else "has not completed"
+        )
         raise UserError(
-            f"stage '{stage}' {why} in {self.root}; run `python {STAGE_SCRIPTS[stage]} {flags} --output-dir {self.root}` "
+            f"stage '{stage}' {why} in {self.root}; "
+            f"run `python {STAGE_SCRIPTS[stage]} {flags} --output-dir {self.root}` "
             f"(or bash run_all.sh --from {stage}) first"
         )
 

@@ -39,7 +39,8 @@ class MetricLogger:
         stage_dir.mkdir(parents=True, exist_ok=True)
         (stage_dir / "config.yaml").write_text(dump_yaml(cfg))
         self._jsonl_path = stage_dir / "metrics.jsonl"
-        self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")
+        # kept open for the logger's lifetime (appended to per row, closed in close())
+        self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")  # noqa: SIM115
         self._tensorboard = (SummaryWriter, str(tensorboard_dir), "```\n" + dump_yaml(cfg) + "\n```")
         self._open_writer(purge_step=None)
 
@@ -63,15 +64,20 @@ class MetricLogger:
         lines = self._jsonl_path.read_text(encoding="utf-8").splitlines() if step > 0 else []
         kept = [row for row in (json.loads(line) for line in lines if line.strip()) if row["step"] <= step]
         write_text_atomic(self._jsonl_path, "".join(json.dumps(row) + "\n" for row in kept))
-        self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")
+        self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 -- logger handle, kept open
         self.history = kept
         self._open_writer(purge_step=step + 1 if step > 0 else 0)
 
     def progress(self, total: int, initial: int = 0, desc: str | None = None) -> None:
         if self.enabled:
             # In a log file (no TTY) redraw rarely, so logs stay readable.
-            self._bar = tqdm(total=total, initial=initial, desc=desc or self.stage, dynamic_ncols=True,
-                             mininterval=0.1 if sys.stderr.isatty() else 30.0)
+            self._bar = tqdm(
+                total=total,
+                initial=initial,
+                desc=desc or self.stage,
+                dynamic_ncols=True,
+                mininterval=0.1 if sys.stderr.isatty() else 30.0,
+            )
 
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from accelerate import Accelerator
@@ -33,7 +33,9 @@ def make_accelerator(cfg: Config) -> Accelerator:
     if cfg.run.mixed_precision not in ("no", "bf16", "fp16"):
         raise UserError(f"run.mixed_precision must be 'no', 'bf16' or 'fp16', got '{cfg.run.mixed_precision}'")
     if cfg.run.mixed_precision != "no" and not torch.cuda.is_available():
-        raise UserError(f"run.mixed_precision={cfg.run.mixed_precision} needs a CUDA GPU; on CPU pass run.mixed_precision=no")
+        raise UserError(
+            f"run.mixed_precision={cfg.run.mixed_precision} needs a CUDA GPU; on CPU pass run.mixed_precision=no"
+        )
     # cpu=True when there is no GPU: only then does accelerate join torchrun's processes into a
     # gloo group (MULTI_CPU) instead of running each one alone.
     accelerator = Accelerator(mixed_precision=cfg.run.mixed_precision, cpu=not torch.cuda.is_available())
@@ -53,12 +55,14 @@ def plan_steps(stage: str, tcfg: TrainConfig, n_examples: int, world_size: int) 
     """Derived sizes, checked once at start-up with errors that name the keys to change."""
     if tcfg.batch_size % (tcfg.micro_batch_size * world_size):
         raise UserError(
-            f"{stage}.batch_size={tcfg.batch_size} must be divisible by {stage}.micro_batch_size={tcfg.micro_batch_size} "
-            f"x {world_size} process(es)"
+            f"{stage}.batch_size={tcfg.batch_size} must be divisible by "
+            f"{stage}.micro_batch_size={tcfg.micro_batch_size} x {world_size} process(es)"
         )
     steps_per_epoch = n_examples // tcfg.batch_size
     if steps_per_epoch == 0:
-        raise UserError(f"{stage}: {n_examples} training examples is fewer than one batch ({stage}.batch_size={tcfg.batch_size})")
+        raise UserError(
+            f"{stage}: {n_examples} training examples is fewer than one batch ({stage}.batch_size={tcfg.batch_size})"
+        )
     total = math.ceil(tcfg.epochs * steps_per_epoch)
     if tcfg.max_steps is not None:
         total = min(total, tcfg.max_steps)
@@ -80,9 +84,12 @@ def epoch_order(lengths: list[int], seed: int, epoch: int, batch_size: int, grou
     if not group_by_length:
         return order
     mega = 32 * batch_size
-    grouped = [i for start in range(0, len(order), mega)
-               for i in sorted(order[start:start + mega], key=lambda i: -lengths[i])]
-    batches = [grouped[start:start + batch_size] for start in range(0, len(grouped) - batch_size + 1, batch_size)]
+    grouped = [
+        i
+        for start in range(0, len(order), mega)
+        for i in sorted(order[start : start + mega], key=lambda i: -lengths[i])
+    ]
+    batches = [grouped[start : start + batch_size] for start in range(0, len(grouped) - batch_size + 1, batch_size)]
     return [i for b in torch.randperm(len(batches), generator=generator).tolist() for i in batches[b]]
 
 
@@ -98,13 +105,21 @@ def build_scheduler(optimizer: torch.optim.Optimizer, tcfg: TrainConfig, total_s
     from transformers import get_scheduler
 
     try:
-        return get_scheduler(tcfg.scheduler, optimizer, num_warmup_steps=round(tcfg.warmup_ratio * total_steps), num_training_steps=total_steps)
+        return get_scheduler(
+            tcfg.scheduler,
+            optimizer,
+            num_warmup_steps=round(tcfg.warmup_ratio * total_steps),
+            num_training_steps=total_steps,
+        )
     except ValueError:
-        raise UserError(f"unknown scheduler '{tcfg.scheduler}'; use cosine, linear, constant or constant_with_warmup") from None
+        raise UserError(
+            f"unknown scheduler '{tcfg.scheduler}'; use cosine, linear, constant or constant_with_warmup"
+        ) from None
 
 
-def optimizer_step(accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-                   max_grad_norm: float) -> torch.Tensor | None:
+def optimizer_step(
+    accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, max_grad_norm: float
+) -> torch.Tensor | None:
     """One step on the accumulated gradients: clip them to `max_grad_norm` (when > 0), step the
     optimizer and the scheduler, clear the gradients. -> the gradient norm before clipping (None
     without clipping)."""
@@ -155,25 +170,28 @@ def fit(
     # 2. One optimizer step per global batch, micro-batches accumulated locally.
     logger.progress(plan.total_steps, initial=step, desc=stage)
     rank = accelerator.process_index
-    window: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))  # sums since the last log
+    window: dict[str, torch.Tensor] = defaultdict(
+        lambda: torch.zeros((), device=accelerator.device)
+    )  # sums since the last log
     window_steps = 0
     while step < plan.total_steps:
         epoch, position = divmod(step, plan.steps_per_epoch)
         order = epoch_order(lengths, cfg.run.seed, epoch, tcfg.batch_size, tcfg.group_by_length)
-        global_batch = order[position * tcfg.batch_size:(position + 1) * tcfg.batch_size]
-        local = global_batch[rank * plan.per_process:(rank + 1) * plan.per_process]
+        global_batch = order[position * tcfg.batch_size : (position + 1) * tcfg.batch_size]
+        local = global_batch[rank * plan.per_process : (rank + 1) * plan.per_process]
         model.train()
         totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
         for k in range(plan.accumulation):
-            chunk = local[k * tcfg.micro_batch_size:(k + 1) * tcfg.micro_batch_size]
+            chunk = local[k * tcfg.micro_batch_size : (k + 1) * tcfg.micro_batch_size]
             batch = {key: value.to(accelerator.device) for key, value in collate([examples[i] for i in chunk]).items()}
             syncing = k == plan.accumulation - 1
             with nullcontext() if syncing else accelerator.no_sync(model):
                 loss, stats = loss_fn(model, batch)
                 if not torch.isfinite(loss):
                     raise UserError(
-                        f"{stage}: non-finite loss ({loss.item()}) at step {step + 1}; the last good checkpoint is kept in "
-                        f"{run.checkpoint_dir(stage)}; lower {stage}.lr or check the data"
+                        f"{stage}: non-finite loss ({loss.item()}) at step {step + 1}; "
+                        f"the last good checkpoint is kept in {run.checkpoint_dir(stage)}; "
+                        f"lower {stage}.lr or check the data"
                     )
                 accelerator.backward(loss / plan.accumulation)
             totals["loss"] += loss.detach() / plan.accumulation
@@ -190,7 +208,10 @@ def fit(
 
         # 3. Metrics (means over the steps since the last log), evaluation and checkpoints on their own clocks.
         if step % cfg.run.log_every == 0 or step == plan.total_steps:
-            reduced = {f"{stage}/train/{k}": accelerator.reduce(v / window_steps, reduction="mean").item() for k, v in window.items()}
+            reduced = {
+                f"{stage}/train/{k}": accelerator.reduce(v / window_steps, reduction="mean").item()
+                for k, v in window.items()
+            }
             window.clear()
             window_steps = 0
             reduced[f"{stage}/train/lr"] = scheduler.get_last_lr()[0]
@@ -200,16 +221,26 @@ def fit(
             logger.log(step, evaluate(model))
         if tcfg.save_every and step % tcfg.save_every == 0 and step < plan.total_steps:
             if accelerator.is_main_process:
-                save_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler,
-                                    {"step": step, "fingerprint": fingerprint, "epoch": epoch})
+                save_training_state(
+                    run.checkpoint_dir(stage),
+                    accelerator.unwrap_model(model),
+                    optimizer,
+                    scheduler,
+                    {"step": step, "fingerprint": fingerprint, "epoch": epoch},
+                )
             accelerator.wait_for_everyone()
 
-    return accelerator.unwrap_model(model), {"steps": step, "resumed_from_step": resumed_from, "steps_per_epoch": plan.steps_per_epoch}
+    return accelerator.unwrap_model(model), {
+        "steps": step,
+        "resumed_from_step": resumed_from,
+        "steps_per_epoch": plan.steps_per_epoch,
+    }
 
 
 @torch.no_grad()
-def forward_map(fn: Callable[[list], list], items: list, batch_size: int, accelerator: Accelerator,
-                lengths: list[int] | None = None) -> list:
+def forward_map(
+    fn: Callable[[list], list], items: list, batch_size: int, accelerator: Accelerator, lengths: list[int] | None = None
+) -> list:
     """Apply `fn` (a batch of items -> a list of per-item results) over `items` with no autograd,
     sharded across processes, and return the results in the original order on every process.
 
@@ -218,10 +249,10 @@ def forward_map(fn: Callable[[list], list], items: list, batch_size: int, accele
     batch (the one that could run out of memory) comes first.
     """
     order = sorted(range(len(items)), key=lambda i: -lengths[i]) if lengths is not None else list(range(len(items)))
-    mine = order[accelerator.process_index::accelerator.num_processes]
+    mine = order[accelerator.process_index :: accelerator.num_processes]
     results = []
     for start in range(0, len(mine), batch_size):
-        indices = mine[start:start + batch_size]
+        indices = mine[start : start + batch_size]
         results += list(zip(indices, fn([items[i] for i in indices])))
     if accelerator.num_processes > 1:
         results = gather_object(results)

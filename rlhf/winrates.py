@@ -74,7 +74,7 @@ def swap_outcomes(outcomes: Sequence[str]) -> list[str]:
 def wilson_interval(p: float, n: int, z: float = Z_95) -> tuple[float, float]:
     """Wilson score interval (Wilson 1927) for a proportion p observed on n trials.
 
-        centre = (p + z²/2n) / (1 + z²/n),  half = z / (1 + z²/n) · sqrt(p(1-p)/n + z²/4n²)
+    centre = (p + z²/2n) / (1 + z²/n),  half = z / (1 + z²/n) · sqrt(p(1-p)/n + z²/4n²)
     """
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
@@ -104,8 +104,18 @@ def win_rate_summary(outcomes: Sequence[str]) -> dict:
     _check(outcomes, "outcomes")
     wins, losses, ties = (sum(o == k for o in outcomes) for k in ("A", "B", "tie"))
     n = wins + losses + ties
-    summary = {"win_rate": None, "loss_rate": None, "tie_rate": None, "wins": wins, "losses": losses,
-               "ties": ties, "n": n, "n_invalid": len(outcomes) - n, "ci95_low": None, "ci95_high": None}
+    summary = {
+        "win_rate": None,
+        "loss_rate": None,
+        "tie_rate": None,
+        "wins": wins,
+        "losses": losses,
+        "ties": ties,
+        "n": n,
+        "n_invalid": len(outcomes) - n,
+        "ci95_low": None,
+        "ci95_high": None,
+    }
     if n:
         win_rate = (wins + ties / 2) / n
         low, high = wilson_interval(win_rate, n)
@@ -142,8 +152,9 @@ def _fit_logistic(x: np.ndarray, y: np.ndarray, l2: float, iters: int = 100, tol
     return w
 
 
-def length_controlled_win_rate(outcomes: Sequence[str], lengths_a: Sequence[float], lengths_b: Sequence[float],
-                               l2: float = 0.01) -> dict:
+def length_controlled_win_rate(
+    outcomes: Sequence[str], lengths_a: Sequence[float], lengths_b: Sequence[float], l2: float = 0.01
+) -> dict:
     """Win rate of model A predicted at zero length difference (Dubois et al. 2024, AlpacaEval-LC,
     arXiv 2404.04475), reduced to the pairwise case with no per-instruction terms.
 
@@ -170,8 +181,14 @@ def length_controlled_win_rate(outcomes: Sequence[str], lengths_a: Sequence[floa
     valid = [i for i, o in enumerate(outcomes) if o != "invalid"]
     y = np.array([_SCORE[outcomes[i]] for i in valid], dtype=float)  # (n,)
     delta = np.array([float(lengths_a[i]) - float(lengths_b[i]) for i in valid], dtype=float)  # (n,)
-    result = {"lc_win_rate": None, "win_rate": None, "length_coef": None, "intercept": None,
-              "n": len(valid), "n_invalid": len(outcomes) - len(valid)}
+    result = {
+        "lc_win_rate": None,
+        "win_rate": None,
+        "length_coef": None,
+        "intercept": None,
+        "n": len(valid),
+        "n_invalid": len(outcomes) - len(valid),
+    }
     if not valid:
         return result
     raw = float(y.mean())
@@ -181,8 +198,12 @@ def length_controlled_win_rate(outcomes: Sequence[str], lengths_a: Sequence[floa
     std = float(delta.std())
     x = np.tanh(delta / std) if std > 0 else np.zeros_like(delta)  # (n,)
     b0, b1 = _fit_logistic(x, y, l2)
-    return {**result, "lc_win_rate": float(1.0 / (1.0 + math.exp(-b0))), "length_coef": float(b1),
-            "intercept": float(b0)}
+    return {
+        **result,
+        "lc_win_rate": float(1.0 / (1.0 + math.exp(-b0))),
+        "length_coef": float(b1),
+        "intercept": float(b0),
+    }
 
 
 def agreement(outcomes_a: Sequence[str], outcomes_b: Sequence[str]) -> dict:

@@ -23,14 +23,29 @@ TINY_TEST_OVERRIDES = [
 ]
 
 
-def run_script(script: str, output_dir: Path, *overrides: str, preset: str = "tiny", env: dict | None = None,
-               check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+def run_script(
+    script: str,
+    output_dir: Path,
+    *overrides: str,
+    preset: str = "tiny",
+    env: dict | None = None,
+    check: bool = True,
+    timeout: int = 900,
+) -> subprocess.CompletedProcess:
     """Run a stage script as a user would; fail the test with its output when it fails."""
     command = [sys.executable, str(REPO / script), "--preset", preset, "--output-dir", str(output_dir), *overrides]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(
+            f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 

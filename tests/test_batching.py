@@ -3,8 +3,14 @@
 import pytest
 import torch
 
-from rlhf.batching import (collate_pairs, collate_sequences, collate_shared_prompt_pairs, EncodedPair, left_pad,
-                           shared_prompt_pair_length)
+from rlhf.batching import (
+    EncodedPair,
+    collate_pairs,
+    collate_sequences,
+    collate_shared_prompt_pairs,
+    left_pad,
+    shared_prompt_pair_length,
+)
 from rlhf.rollout import truncate_after_eos
 
 PAD = 0
@@ -60,7 +66,9 @@ def test_shared_prompt_pairs_keep_the_two_responses_apart():
 
 
 def test_shared_prompt_pairs_truncate_like_separate_rows():
-    batch = collate_shared_prompt_pairs([EncodedPair([2, 3, 4], [5, 6, 1], [7, 1])], PAD, max_prompt_tokens=2, max_response_tokens=2)
+    batch = collate_shared_prompt_pairs(
+        [EncodedPair([2, 3, 4], [5, 6, 1], [7, 1])], PAD, max_prompt_tokens=2, max_response_tokens=2
+    )
     assert batch["input_ids"].tolist() == [[3, 4, 5, 6, 7, 1]]
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 2, 3]]
 
@@ -70,7 +78,9 @@ def test_shared_prompt_pairs_place_response_values_at_their_tokens():
     values = [([0.1, 0.2, 0.3], [0.4, 0.5]), ([0.6], [0.7, 0.8])]
     batch = collate_shared_prompt_pairs(pairs, PAD, max_prompt_tokens=2, max_response_tokens=2, response_values=values)
     # row 0: prompt [3, 4], chosen [5, 6] (its last value 0.3 truncated with its token), rejected [7, 1]
-    torch.testing.assert_close(batch["response_values"], torch.tensor([[0, 0, 0.1, 0.2, 0.4, 0.5], [0, 0.6, 0.7, 0.8, 0, 0]]))
+    torch.testing.assert_close(
+        batch["response_values"], torch.tensor([[0, 0, 0.1, 0.2, 0.4, 0.5], [0, 0.6, 0.7, 0.8, 0, 0]])
+    )
     assert batch["response_values_mask"].int().tolist() == [[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 0, 0]]
     with pytest.raises(ValueError, match="one value per response token"):
         collate_shared_prompt_pairs(pairs, PAD, response_values=[([0.1], [0.4, 0.5]), ([0.6], [0.7, 0.8])])

@@ -13,9 +13,17 @@ def test_presets_exist_and_load():
 
 
 def test_overrides_are_coerced_to_the_declared_type():
-    cfg = load_config(preset_path("tiny"), ["sft.lr=1e-4", "sft.max_steps=7", "reward.normalize=false",
-                                             "data.max_train_pairs=null", "data.embedded.length_bias=0.3",
-                                             "model.config_overrides={n_layer: 2}"])
+    cfg = load_config(
+        preset_path("tiny"),
+        [
+            "sft.lr=1e-4",
+            "sft.max_steps=7",
+            "reward.normalize=false",
+            "data.max_train_pairs=null",
+            "data.embedded.length_bias=0.3",
+            "model.config_overrides={n_layer: 2}",
+        ],
+    )
     assert cfg.sft.lr == 1e-4 and isinstance(cfg.sft.lr, float)
     assert cfg.sft.max_steps == 7
     assert cfg.reward.normalize is False
@@ -29,16 +37,19 @@ def test_yaml_scientific_notation_is_a_float():
     assert coerce("3e-6", float, "sft.lr") == 3e-6
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("sft.learning_rate=1", "did you mean 'sft.lr'"),
-    ("sft.lrr=1", "did you mean 'sft.lr'"),
-    ("sfft.lr=1", "did you mean 'sft.lr'"),
-    ("sft.lr=abc", "'sft.lr' expects float, got 'abc'"),
-    ("sft.max_steps=2.5", "'sft.max_steps' expects int"),
-    ("reward.normalize=maybe", "'reward.normalize' expects bool"),
-    ("sft=3", "'sft' is a section"),
-    ("sft.lr", "expected section.key=value"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("sft.learning_rate=1", "did you mean 'sft.lr'"),
+        ("sft.lrr=1", "did you mean 'sft.lr'"),
+        ("sfft.lr=1", "did you mean 'sft.lr'"),
+        ("sft.lr=abc", "'sft.lr' expects float, got 'abc'"),
+        ("sft.max_steps=2.5", "'sft.max_steps' expects int"),
+        ("reward.normalize=maybe", "'reward.normalize' expects bool"),
+        ("sft=3", "'sft' is a section"),
+        ("sft.lr", "expected section.key=value"),
+    ],
+)
 def test_bad_overrides_name_the_problem(override, expected):
     with pytest.raises(UserError, match=None) as info:
         load_config(preset_path("tiny"), [override])

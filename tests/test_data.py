@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from rlhf.data import (DROP_REASONS, ParsedPair, count_reasons, load_raw_splits, parse_pair, prompt_split,
-                       split_dialogue)
+from rlhf.data import DROP_REASONS, ParsedPair, count_reasons, load_raw_splits, parse_pair, prompt_split, split_dialogue
 from rlhf.errors import UserError
 
 PROMPT = "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: What is 2 plus 2?\n\nAssistant:"
@@ -34,17 +33,25 @@ def test_parse_pair_keeps_the_shared_prompt():
     assert pair == ParsedPair(PROMPT, " 4.", " 5.")
 
 
-@pytest.mark.parametrize("row, reason", [
-    (None, "malformed"),
-    ({"chosen": PROMPT + " 4."}, "malformed"),
-    ({"chosen": 3, "rejected": PROMPT + " 5."}, "malformed"),
-    ({"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: hi"}, "no_assistant_turn"),
-    # Multi-turn pair that branches at the first assistant turn: the final responses answer different prompts.
-    ({"chosen": "\n\nHuman: a\n\nAssistant: b\n\nHuman: c\n\nAssistant: d",
-      "rejected": "\n\nHuman: a\n\nAssistant: X\n\nHuman: c\n\nAssistant: d2"}, "diverging_prompts"),
-    ({"chosen": PROMPT + " 4.", "rejected": PROMPT + " 4."}, "tie"),
-    ({"chosen": PROMPT + "   ", "rejected": PROMPT + " 5."}, "empty_response"),
-])
+@pytest.mark.parametrize(
+    "row, reason",
+    [
+        (None, "malformed"),
+        ({"chosen": PROMPT + " 4."}, "malformed"),
+        ({"chosen": 3, "rejected": PROMPT + " 5."}, "malformed"),
+        ({"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: hi"}, "no_assistant_turn"),
+        # Multi-turn pair that branches at the first assistant turn: the final responses answer different prompts.
+        (
+            {
+                "chosen": "\n\nHuman: a\n\nAssistant: b\n\nHuman: c\n\nAssistant: d",
+                "rejected": "\n\nHuman: a\n\nAssistant: X\n\nHuman: c\n\nAssistant: d2",
+            },
+            "diverging_prompts",
+        ),
+        ({"chosen": PROMPT + " 4.", "rejected": PROMPT + " 4."}, "tie"),
+        ({"chosen": PROMPT + "   ", "rejected": PROMPT + " 5."}, "empty_response"),
+    ],
+)
 def test_parse_pair_names_each_edge_case(row, reason):
     assert parse_pair(row) == reason
 
@@ -66,7 +73,10 @@ def test_prompt_split_is_stable_and_respects_the_fraction():
 
 
 def _rows():
-    return [{"chosen": PROMPT + " 4.", "rejected": PROMPT + " 5."}, {"chosen": PROMPT + " four.", "rejected": PROMPT + " 22."}]
+    return [
+        {"chosen": PROMPT + " 4.", "rejected": PROMPT + " 5."},
+        {"chosen": PROMPT + " four.", "rejected": PROMPT + " 22."},
+    ]
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".json", ".parquet"])
@@ -82,6 +92,7 @@ def test_local_formats_load(tmp_path, suffix):
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
+
         pq.write_table(pa.Table.from_pylist(_rows()), path)
     splits = load_raw_splits(str(path))
     assert splits["train"] == _rows() and splits["test"] == []
@@ -101,11 +112,14 @@ def test_broken_json_line_is_counted_as_malformed(tmp_path):
     assert [parse_pair(r) if not isinstance(parse_pair(r), ParsedPair) else "ok" for r in rows] == ["ok", "malformed"]
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("missing.jsonl", None, "does not exist"),
-    ("empty.jsonl", "", "no training rows"),
-    ("x.json", "{broken", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("missing.jsonl", None, "does not exist"),
+        ("empty.jsonl", "", "no training rows"),
+        ("x.json", "{broken", "not valid JSON"),
+    ],
+)
 def test_bad_sources_are_one_line_errors(tmp_path, name, content, message):
     path = tmp_path / name
     if content is not None:

@@ -25,7 +25,9 @@ train_dpo = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(train_dpo)
 
 PAD, EOS = 0, 1
-CPU = types.SimpleNamespace(device=torch.device("cpu"), process_index=0, num_processes=1, autocast=contextlib.nullcontext)
+CPU = types.SimpleNamespace(
+    device=torch.device("cpu"), process_index=0, num_processes=1, autocast=contextlib.nullcontext
+)
 
 
 def tiny_lm(seed: int) -> GPT2LMHeadModel:
@@ -98,6 +100,7 @@ def test_prompt_and_pad_tokens_cannot_move_the_response_sum(monkeypatch):
 def collate_indexed(pairs):
     def collate(indices):
         return {**collate_pairs([pairs[i] for i in indices], PAD, 8, 6), "index": torch.tensor(indices)}
+
     return collate
 
 
@@ -135,7 +138,9 @@ def test_split_logps_returns_pairs_in_their_original_order():
     pairs = random_pairs(9, seed=3)
     all_at_once = train_dpo.split_logps(model, pairs, lambda b: collate_pairs(b, PAD), 2, CPU, False)  # (N, 2)
     for i, pair in enumerate(pairs):
-        expected = [by_hand_response_logp(model, pair.prompt_ids, r, False) for r in (pair.chosen_ids, pair.rejected_ids)]
+        expected = [
+            by_hand_response_logp(model, pair.prompt_ids, r, False) for r in (pair.chosen_ids, pair.rejected_ids)
+        ]
         assert all_at_once[i].tolist() == pytest.approx(expected, abs=1e-5)
 
 
@@ -150,10 +155,17 @@ def test_loss_fn_dispatches_through_the_table_with_the_right_averaging(loss_type
     logps = {}  # (policy|ref, chosen|rejected) -> (B,), each from an unpadded single-row forward
     for name, model in (("policy", policy), ("ref", ref)):
         for side in ("chosen", "rejected"):
-            logps[name, side] = torch.tensor([by_hand_response_logp(model, p.prompt_ids[-8:], getattr(p, f"{side}_ids")[:6], average)
-                                              for p in pairs])
-    expected, expected_stats = DPO_LOSSES[loss_type](logps["policy", "chosen"], logps["policy", "rejected"],
-                                                     logps["ref", "chosen"], logps["ref", "rejected"], 0.3, 0.0)
+            logps[name, side] = torch.tensor(
+                [by_hand_response_logp(model, p.prompt_ids[-8:], getattr(p, f"{side}_ids")[:6], average) for p in pairs]
+            )
+    expected, expected_stats = DPO_LOSSES[loss_type](
+        logps["policy", "chosen"],
+        logps["policy", "rejected"],
+        logps["ref", "chosen"],
+        logps["ref", "rejected"],
+        0.3,
+        0.0,
+    )
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
     assert set(stats) == set(expected_stats)
     assert stats["rewards/accuracies"].item() == expected_stats["rewards/accuracies"].item()
@@ -182,12 +194,17 @@ def test_cache_fingerprints_change_with_weights_tokens_truncation_and_averaging(
     pairs = {"train": random_pairs(3, seed=5), "val": random_pairs(2, seed=6)}
     base = train_dpo.ref_cache_fingerprints("w1", pairs, (8, 6), False)
     assert base == train_dpo.ref_cache_fingerprints("w1", {k: list(v) for k, v in pairs.items()}, (8, 6), False)
-    for other in (train_dpo.ref_cache_fingerprints("w2", pairs, (8, 6), False),
-                  train_dpo.ref_cache_fingerprints("w1", pairs, (8, 7), False),
-                  train_dpo.ref_cache_fingerprints("w1", pairs, (8, 6), True)):
+    for other in (
+        train_dpo.ref_cache_fingerprints("w2", pairs, (8, 6), False),
+        train_dpo.ref_cache_fingerprints("w1", pairs, (8, 7), False),
+        train_dpo.ref_cache_fingerprints("w1", pairs, (8, 6), True),
+    ):
         assert other["train"] != base["train"] and other["val"] != base["val"]
     first = pairs["val"][0]
-    edited = {**pairs, "val": [EncodedPair(first.prompt_ids + [3], first.chosen_ids, first.rejected_ids), pairs["val"][1]]}
+    edited = {
+        **pairs,
+        "val": [EncodedPair(first.prompt_ids + [3], first.chosen_ids, first.rejected_ids), pairs["val"][1]],
+    }
     changed = train_dpo.ref_cache_fingerprints("w1", edited, (8, 6), False)
     assert changed["val"] != base["val"] and changed["train"] == base["train"]  # one edited split, one recompute
 
@@ -201,12 +218,15 @@ def test_head_to_head_counts_ties_as_half_by_hand():
     assert result["win_rate"] == pytest.approx((2 + 0.5 * 2) / 5)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("dpo.loss_type=kto", "dpo.loss_type='kto' is not one of: sigmoid, ipo, cdpo"),
-    ("dpo.beta=0", "dpo.beta must be > 0"),
-    ("dpo.label_smoothing=0.1", "only used by dpo.loss_type=cdpo"),
-    ("dpo.max_train_pairs=8", "fewer than one batch"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("dpo.loss_type=kto", "dpo.loss_type='kto' is not one of: sigmoid, ipo, cdpo"),
+        ("dpo.beta=0", "dpo.beta must be > 0"),
+        ("dpo.label_smoothing=0.1", "only used by dpo.loss_type=cdpo"),
+        ("dpo.max_train_pairs=8", "fewer than one batch"),
+    ],
+)
 def test_config_errors_are_one_line_before_any_model_loads(override, message):
     cfg = load_config(REPO / "configs" / "tiny.yaml", [override])
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:

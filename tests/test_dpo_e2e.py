@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import TINY_TEST_OVERRIDES, read_summary, run_script
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +55,7 @@ def test_implicit_reward_beats_chance_on_held_out_pairs(dpo_run):
 
 
 def test_outputs_are_complete_and_described(dpo_run):
-    output_dir, _, result = dpo_run
+    output_dir, _, _result = dpo_run
     summary = read_summary(output_dir)
     results = summary["dpo"]
     assert summary["timing_s"]["dpo"] > 0
@@ -75,8 +74,18 @@ def test_outputs_are_complete_and_described(dpo_run):
     assert {"prompt", "sft_response", "dpo_response", "sft_gold_score", "dpo_gold_score"} <= samples[0].keys()
     rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
     logged = set().union(*rows)
-    for name in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
-                 "logps/rejected", "loss", "lr", "tokens_per_s", "peak_memory_mb_cpu_max_rss"):
+    for name in (
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+        "rewards/accuracies",
+        "logps/chosen",
+        "logps/rejected",
+        "loss",
+        "lr",
+        "tokens_per_s",
+        "peak_memory_mb_cpu_max_rss",
+    ):
         assert f"dpo/train/{name}" in logged, name
     assert {"dpo/val/rewards/accuracies", "dpo/test/rewards/accuracies", "dpo/test/gold_accuracy"} <= logged
 

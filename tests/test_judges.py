@@ -16,6 +16,7 @@ Every answer reports usage: 100 prompt tokens, 10 completion tokens.
 
 import http.server
 import json
+import re
 import threading
 import time
 from collections import Counter
@@ -72,11 +73,18 @@ class FakeOpenAI:
 
     @staticmethod
     def completion(model: str, content: str) -> dict:
-        return {"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-                          "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS}}
+        return {
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {
+                "prompt_tokens": PROMPT_TOKENS,
+                "completion_tokens": COMPLETION_TOKENS,
+                "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+            },
+        }
 
     def respond(self, user: str, attempt: int, auth: str, model: str) -> tuple[int, dict, float]:
         first = user.split("[Response A]")[1].split("[Response B]")[0]
@@ -114,9 +122,18 @@ def server(monkeypatch):
 
 
 def settings(server, **overrides) -> J.JudgeSettings:
-    base = dict(model="judge-test", base_url=server.url, max_concurrency=4, max_retries=2, timeout_s=5.0,
-                max_tokens=64, retry_base_delay_s=0.01, retry_max_delay_s=0.05,
-                usd_per_1m_input_tokens=2.0, usd_per_1m_output_tokens=8.0)
+    base = {
+        "model": "judge-test",
+        "base_url": server.url,
+        "max_concurrency": 4,
+        "max_retries": 2,
+        "timeout_s": 5.0,
+        "max_tokens": 64,
+        "retry_base_delay_s": 0.01,
+        "retry_max_delay_s": 0.05,
+        "usd_per_1m_input_tokens": 2.0,
+        "usd_per_1m_output_tokens": 8.0,
+    }
     return J.JudgeSettings(**{**base, **overrides})
 
 
@@ -127,35 +144,44 @@ def hh(text: str) -> str:
 # ----------------------------------------------------------------------------- answer parsing
 
 
-@pytest.mark.parametrize("answer, verdict", [
-    ("Response A is correct.\nWinner: A", "A"),
-    ("Winner: B", "B"),
-    ("winner: tie", "tie"),
-    ("**Winner:** A", "A"),
-    ("Winner: **B**.", "B"),
-    ("Winner: Response B", "B"),
-    ("Verdict: [[A]]", "A"),
-    ("Final verdict: draw", "tie"),
-    ("Winner: Tie.", "tie"),
-    ("B", "B"),
-    ("[[A]]", "A"),
-    ("Winner: A\nOn reflection the other one.\nWinner: B", "B"),  # the last Winner line counts
-    ("I cannot decide.", "invalid"),
-    ("Winner: A or B", "invalid"),
-    ("Response A is better than B.", "invalid"),
-    ("The winner is clear.", "invalid"),
-    ("", "invalid"),
-    (None, "invalid"),
-])
+@pytest.mark.parametrize(
+    "answer, verdict",
+    [
+        ("Response A is correct.\nWinner: A", "A"),
+        ("Winner: B", "B"),
+        ("winner: tie", "tie"),
+        ("**Winner:** A", "A"),
+        ("Winner: **B**.", "B"),
+        ("Winner: Response B", "B"),
+        ("Verdict: [[A]]", "A"),
+        ("Final verdict: draw", "tie"),
+        ("Winner: Tie.", "tie"),
+        ("B", "B"),
+        ("[[A]]", "A"),
+        ("Winner: A\nOn reflection the other one.\nWinner: B", "B"),  # the last Winner line counts
+        ("I cannot decide.", "invalid"),
+        ("Winner: A or B", "invalid"),
+        ("Response A is better than B.", "invalid"),
+        ("The winner is clear.", "invalid"),
+        ("", "invalid"),
+        (None, "invalid"),
+    ],
+)
 def test_parse_verdict(answer, verdict):
     assert J.parse_verdict(answer) == verdict
 
 
 def test_cache_key_depends_on_every_field_and_the_order():
     base = ("m", "v1", "p", "x", "y")
-    keys = {J.cache_key(*base), J.cache_key("m2", *base[1:]), J.cache_key("m", "v2", *base[2:]),
-            J.cache_key("m", "v1", "q", "x", "y"), J.cache_key("m", "v1", "p", "x2", "y"),
-            J.cache_key("m", "v1", "p", "x", "y2"), J.cache_key("m", "v1", "p", "y", "x")}
+    keys = {
+        J.cache_key(*base),
+        J.cache_key("m2", *base[1:]),
+        J.cache_key("m", "v2", *base[2:]),
+        J.cache_key("m", "v1", "q", "x", "y"),
+        J.cache_key("m", "v1", "p", "x2", "y"),
+        J.cache_key("m", "v1", "p", "x", "y2"),
+        J.cache_key("m", "v1", "p", "y", "x"),
+    }
     assert len(keys) == 7
 
 
@@ -264,8 +290,9 @@ def test_openai_judge_malformed_answer_is_invalid(server, tmp_path):
 
 def test_openai_judge_timeout_is_retried(server):
     s = settings(server, timeout_s=0.5, max_retries=1)
-    cmp = J.OpenAIJudge(s).compare([hh("What is 3 plus 4?"), hh("What is 1 plus 2?")],
-                                   ["GOOD SLOW 7.", "ALWAYS_SLOW 3."], ["9.", "GOOD 3."])
+    cmp = J.OpenAIJudge(s).compare(
+        [hh("What is 3 plus 4?"), hh("What is 1 plus 2?")], ["GOOD SLOW 7.", "ALWAYS_SLOW 3."], ["9.", "GOOD 3."]
+    )
     # p0: each order times out once, then succeeds; p1: every attempt times out -> failure
     assert cmp.outcomes == ["A", "invalid"]
     assert len(server.requests) == 8
@@ -293,8 +320,9 @@ def test_openai_judge_cache_second_run_sends_nothing(server, tmp_path):
     assert second.outcomes == first.outcomes == ["A", "B", "invalid"]
     assert second.info["n_cached"] == 6 and second.info["n_requests"] == 0
     assert second.info["usage"]["estimated_cost_usd"] == 0.0
-    assert (second.info["usage"]["estimated_cost_usd_incl_cached"]
-            == pytest.approx(first.info["usage"]["estimated_cost_usd"]))
+    assert second.info["usage"]["estimated_cost_usd_incl_cached"] == pytest.approx(
+        first.info["usage"]["estimated_cost_usd"]
+    )
     # a crash mid-write leaves a truncated last line: it is skipped, and the next write starts a new line
     with open(cache, "a") as f:
         f.write('{"key": "0123abcd", "answer": "Winn')
@@ -321,8 +349,10 @@ def test_openai_judge_key_is_never_written(server, tmp_path):
     prompts = [hh("What is 3 plus 4?"), hh("What is 1 plus 1?"), hh("Hello?")]
     cmp = judge.compare(prompts, ["GOOD 7.", "FAIL500 2.", "MALFORMED x."], ["9.", "3.", "y."])
     write_json_atomic(tmp_path / "eval" / "openai.json", cmp.to_dict())
-    write_json_atomic(tmp_path / "eval" / "judge_info.json", {"info": judge.info(), "repr": repr(judge),
-                                                                "vars": repr(vars(judge)), "problems": cmp.problems()})
+    write_json_atomic(
+        tmp_path / "eval" / "judge_info.json",
+        {"info": judge.info(), "repr": repr(judge), "vars": repr(vars(judge)), "problems": cmp.problems()},
+    )
     assert all(auth == f"Bearer {KEY}" for _, auth, _ in server.requests)  # the server did get it
     assert len(server.requests) == 4 + 2 * 3
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
@@ -337,7 +367,7 @@ def test_openai_judge_without_key_is_skipped(server, monkeypatch):
     judge = J.OpenAIJudge(settings(server))
     assert not judge.available()
     assert judge.unavailable_reason == J.SKIPPED_NO_KEY == "skipped: OPENAI_API_KEY is not set"
-    with pytest.raises(UserError, match="^judge 'openai' skipped: OPENAI_API_KEY is not set$"):
+    with pytest.raises(UserError, match=r"^judge 'openai' skipped: OPENAI_API_KEY is not set$"):
         judge.compare([hh("Hi")], ["a."], ["b."])
     monkeypatch.setenv(J.API_KEY_ENV, "  ")
     assert not judge.available()
@@ -356,7 +386,7 @@ def test_openai_judge_base_url_from_environment(server, monkeypatch):
 
 
 def test_judge_settings_validation():
-    with pytest.raises(UserError, match="judge.max_concurrency=0"):
+    with pytest.raises(UserError, match=re.escape("judge.max_concurrency=0")):
         J.OpenAIJudge(J.JudgeSettings(max_concurrency=0))
     assert J._public_url("https://user:pw@host.example:8443/v1?token=abc") == "https://host.example:8443/v1"
 
@@ -398,10 +428,27 @@ def test_reward_judge_scores_in_one_batch():
 
 
 def test_combine_batch_info_sums_counts_and_usage_but_not_settings():
-    a = {"model": "m", "temperature": 0.0, "max_tokens": 256, "n_requests": 3, "errors": {"timeout": 1},
-         "usage": {"prompt_tokens": 10, "estimated_cost_usd": 0.5, "usd_per_1m_input_tokens": 0.15}}
-    b = {"model": "m", "temperature": 0.0, "max_tokens": 256, "n_requests": 4, "errors": {"timeout": 2, "500": 1},
-         "usage": {"prompt_tokens": 5, "estimated_cost_usd": 0.25, "usd_per_1m_input_tokens": 0.15}}
+    a = {
+        "model": "m",
+        "temperature": 0.0,
+        "max_tokens": 256,
+        "n_requests": 3,
+        "errors": {"timeout": 1},
+        "usage": {"prompt_tokens": 10, "estimated_cost_usd": 0.5, "usd_per_1m_input_tokens": 0.15},
+    }
+    b = {
+        "model": "m",
+        "temperature": 0.0,
+        "max_tokens": 256,
+        "n_requests": 4,
+        "errors": {"timeout": 2, "500": 1},
+        "usage": {"prompt_tokens": 5, "estimated_cost_usd": 0.25, "usd_per_1m_input_tokens": 0.15},
+    }
     assert J.combine_batch_info([a, b]) == {
-        "model": "m", "temperature": 0.0, "max_tokens": 256, "n_requests": 7, "errors": {"timeout": 3, "500": 1},
-        "usage": {"prompt_tokens": 15, "estimated_cost_usd": 0.75, "usd_per_1m_input_tokens": 0.15}}
+        "model": "m",
+        "temperature": 0.0,
+        "max_tokens": 256,
+        "n_requests": 7,
+        "errors": {"timeout": 3, "500": 1},
+        "usage": {"prompt_tokens": 15, "estimated_cost_usd": 0.75, "usd_per_1m_input_tokens": 0.15},
+    }

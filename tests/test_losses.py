@@ -60,7 +60,7 @@ def test_sft_loss_is_token_mean_nll_over_response():
 
 
 def test_bradley_terry_single_pair_by_hand():
-    loss, stats = bradley_terry_loss(f64([2.0]), f64([0.0]))
+    loss, _stats = bradley_terry_loss(f64([2.0]), f64([0.0]))
     close(loss, math.log(1 + math.exp(-2)))  # 0.1269
 
 
@@ -112,7 +112,12 @@ def test_bradley_terry_margin():
 PAIR = (f64([-1.0, -2.0]), f64([-3.0, -1.0]), f64([-2.0, -2.0]), f64([-2.0, -2.0]))
 BETA = 0.5
 DPO_STAT_KEYS = [
-    "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen", "logps/rejected"
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracies",
+    "logps/chosen",
+    "logps/rejected",
 ]
 
 
@@ -228,7 +233,7 @@ def test_ppo_policy_loss_asymmetric_clip_higher():
 def test_ppo_policy_loss_computes_in_float32_for_bf16():
     new_logprobs = torch.tensor([[-1.0, -2.0]], dtype=torch.bfloat16)
     mask = torch.ones(1, 2, dtype=torch.bool)
-    loss, stats = ppo_policy_loss(new_logprobs, new_logprobs, torch.tensor([[1.0, 3.0]]), mask)
+    loss, _stats = ppo_policy_loss(new_logprobs, new_logprobs, torch.tensor([[1.0, 3.0]]), mask)
     assert loss.dtype == torch.float32
     close(loss, -(1.0 + 3.0) / 2)  # ρ = 1: loss = −mean(A)
 

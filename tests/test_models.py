@@ -9,8 +9,17 @@ from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2For
 from rlhf.batching import EncodedPair, collate_pairs, collate_shared_prompt_pairs
 from rlhf.config import RewardConfig
 from rlhf.errors import UserError
-from rlhf.models import (MeanPoolRewardModel, SharedPromptPairRewards, build_reward_model, disable_dropout, fold_reward_offset,
-                         load_reward_model, reward_scores, shared_prompt_response_logprobs, token_logprobs)
+from rlhf.models import (
+    MeanPoolRewardModel,
+    SharedPromptPairRewards,
+    build_reward_model,
+    disable_dropout,
+    fold_reward_offset,
+    load_reward_model,
+    reward_scores,
+    shared_prompt_response_logprobs,
+    token_logprobs,
+)
 
 PAD = 0
 
@@ -96,6 +105,7 @@ def test_folded_offset_is_exact_and_survives_plain_transformers_loading(sft_dir,
 
 def test_mean_pool_reward_model_round_trips(sft_dir, tmp_path):
     import json
+
     model = build_reward_model(sft_dir, RewardConfig(pooling="mean", head_hidden=8)).eval()
     assert isinstance(model, MeanPoolRewardModel)
     ids = torch.tensor([[3, 7, 9, PAD]])
@@ -115,9 +125,15 @@ def test_shared_prompt_rows_score_like_separate_sequences(tmp_path, pooling, att
     GPT2LMHeadModel(tiny_config(attn_implementation=attention)).save_pretrained(tmp_path / "sft")
     model = build_reward_model(tmp_path / "sft", RewardConfig(pooling=pooling, head_hidden=8)).eval()
     model.reward_offset = 0.25
-    pairs = [EncodedPair([3, 7], [9, 4, 1], [5, 1]), EncodedPair([6], [2, 1], [8, 8, 8, 1]), EncodedPair([4, 4, 4], [1], [1])]
+    pairs = [
+        EncodedPair([3, 7], [9, 4, 1], [5, 1]),
+        EncodedPair([6], [2, 1], [8, 8, 8, 1]),
+        EncodedPair([4, 4, 4], [1], [1]),
+    ]
     separate = collate_pairs(pairs, PAD)
-    expected_chosen, expected_rejected = reward_scores(model, separate["input_ids"], separate["attention_mask"]).chunk(2)
+    expected_chosen, expected_rejected = reward_scores(model, separate["input_ids"], separate["attention_mask"]).chunk(
+        2
+    )
     chosen, rejected, token_values = SharedPromptPairRewards(model)(collate_shared_prompt_pairs(pairs, PAD))
     assert torch.allclose(chosen, expected_chosen, atol=1e-5)
     assert torch.allclose(rejected, expected_rejected, atol=1e-5)
@@ -128,16 +144,20 @@ def test_shared_prompt_rows_score_like_separate_sequences(tmp_path, pooling, att
 def test_shared_prompt_response_logprobs_equal_separate_sequences(attention):
     torch.manual_seed(0)
     policy = GPT2LMHeadModel(tiny_config(attn_implementation=attention)).eval()
-    pairs = [EncodedPair([3, 7], [9, 4, 1], [5, 1]), EncodedPair([6], [2, 1], [8, 8, 8, 1]), EncodedPair([4, 4, 4], [1], [1])]
+    pairs = [
+        EncodedPair([3, 7], [9, 4, 1], [5, 1]),
+        EncodedPair([6], [2, 1], [8, 8, 8, 1]),
+        EncodedPair([4, 4, 4], [1], [1]),
+    ]
     separate = collate_pairs(pairs, PAD)
     with torch.no_grad():
         expected = token_logprobs(policy, separate["input_ids"], separate["attention_mask"])  # (2B, T)
     shared = shared_prompt_response_logprobs(policy, collate_shared_prompt_pairs(pairs, PAD))
     for i, pair in enumerate(pairs):
         p, c, r = len(pair.prompt_ids), len(pair.chosen_ids), len(pair.rejected_ids)
-        assert torch.allclose(shared[i, p:p + c], expected[i, p:p + c], atol=1e-5)
-        assert torch.allclose(shared[i, p + c:p + c + r], expected[len(pairs) + i, p:p + r], atol=1e-5)
-        assert shared[i, :p].eq(0).all() and shared[i, p + c + r:].eq(0).all()
+        assert torch.allclose(shared[i, p : p + c], expected[i, p : p + c], atol=1e-5)
+        assert torch.allclose(shared[i, p + c : p + c + r], expected[len(pairs) + i, p : p + r], atol=1e-5)
+        assert shared[i, :p].eq(0).all() and shared[i, p + c + r :].eq(0).all()
 
 
 def test_token_head_reads_every_column_and_is_not_saved(sft_dir, tmp_path):

@@ -172,7 +172,7 @@ def test_kl_estimators_pointwise_by_hand():
     close(kl_k1(logp, ref), [math.log(2.5)])  # 0.9163
     close(kl_k2(logp, ref), [0.5 * math.log(2.5) ** 2])  # 0.4198
     close(kl_k3(logp, ref), [0.4 - 1 + math.log(2.5)])  # 0.3163
-    assert KL_ESTIMATORS == {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+    assert {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3} == KL_ESTIMATORS
 
 
 def test_k1_and_k3_are_exactly_unbiased_for_kl():
@@ -183,9 +183,7 @@ def test_k1_and_k3_are_exactly_unbiased_for_kl():
 
 def test_k2_is_biased_but_close_for_nearby_distributions():
     # far apart: E[k2] = Σ π · ½ ln²(π/π_ref), not KL
-    by_hand = 0.5 * (
-        0.5 * math.log(0.5 / 0.2) ** 2 + 0.3 * math.log(0.3 / 0.5) ** 2 + 0.2 * math.log(0.2 / 0.3) ** 2
-    )
+    by_hand = 0.5 * (0.5 * math.log(0.5 / 0.2) ** 2 + 0.3 * math.log(0.3 / 0.5) ** 2 + 0.2 * math.log(0.2 / 0.3) ** 2)
     close(expectation_under_pi(kl_k2), by_hand, tol=1e-12)
     assert abs(by_hand - EXACT_KL) > 1e-3
     # nearby: k2 agrees with KL to second order (Schulman 2020)
@@ -215,10 +213,10 @@ def gae_double_loop(rewards, values, response_mask, gamma, lam):
         positions = [t for t in range(T) if response_mask[b][t]]
         for i, t in enumerate(positions):
             total = 0.0
-            for l, s in enumerate(positions[i:]):
-                next_value = values[b][positions[i + l + 1]] if i + l + 1 < len(positions) else 0.0
+            for offset, s in enumerate(positions[i:]):
+                next_value = values[b][positions[i + offset + 1]] if i + offset + 1 < len(positions) else 0.0
                 delta = rewards[b][s] + gamma * next_value - values[b][s]
-                total += (gamma * lam) ** l * delta
+                total += (gamma * lam) ** offset * delta
             advantages[b][t] = total
             returns[b][t] = total + values[b][t]
     return advantages, returns

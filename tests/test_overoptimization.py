@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-
 from conftest import TINY_TEST_OVERRIDES, run_script
+
 from rlhf.overoptimization import best_of_n_points, eval_every_for, eval_points, sqrt_kl
 from rlhf.plots import plot_overoptimization
 
@@ -24,10 +24,8 @@ def test_sqrt_kl_by_hand():
 
 def test_best_of_n_points_by_hand():
     # 2 prompts x 4 samples; the proxy picks, gold is only reported
-    proxy = torch.tensor([[0.1, 0.5, 0.2, 0.9],
-                          [0.3, 0.2, 0.8, 0.4]])
-    gold = torch.tensor([[1.0, 0.0, 1.0, -0.5],
-                         [0.5, 1.0, 0.0, 1.0]])
+    proxy = torch.tensor([[0.1, 0.5, 0.2, 0.9], [0.3, 0.2, 0.8, 0.4]])
+    gold = torch.tensor([[1.0, 0.0, 1.0, -0.5], [0.5, 1.0, 0.0, 1.0]])
     n1, n2, n4 = best_of_n_points(proxy, gold, [1, 2, 4])
     # n=1: the first samples; n=2: samples 1 and 0; n=4: samples 3 and 2
     close(n1["proxy_score"], (0.1 + 0.3) / 2), close(n1["gold_score"], (1.0 + 0.5) / 2)
@@ -43,10 +41,12 @@ def test_best_of_n_points_by_hand():
 
 
 def test_eval_points_read_the_held_out_rows_of_a_stage():
-    rows = [{"step": 0, "ppo/eval/kl_to_ref": 0.0, "ppo/eval/reward_mean": 0.1, "ppo/eval/gold_score_mean": 0.6},
-            {"step": 1, "ppo/objective/scores": 0.3},  # a training row: not a point
-            {"step": 2, "ppo/eval/kl_to_ref": 0.25, "ppo/eval/reward_mean": 0.4, "ppo/eval/sft_reward_mean": 0.1},
-            {"step": 1, "ppo/eval/kl_to_ref": -0.01, "ppo/eval/reward_mean": 0.2, "ppo/eval/gold_score_mean": 0.7}]
+    rows = [
+        {"step": 0, "ppo/eval/kl_to_ref": 0.0, "ppo/eval/reward_mean": 0.1, "ppo/eval/gold_score_mean": 0.6},
+        {"step": 1, "ppo/objective/scores": 0.3},  # a training row: not a point
+        {"step": 2, "ppo/eval/kl_to_ref": 0.25, "ppo/eval/reward_mean": 0.4, "ppo/eval/sft_reward_mean": 0.1},
+        {"step": 1, "ppo/eval/kl_to_ref": -0.01, "ppo/eval/reward_mean": 0.2, "ppo/eval/gold_score_mean": 0.7},
+    ]
     assert eval_points(rows, "ppo", batch_size=64) == [
         {"iteration": 0, "episodes": 0, "kl": 0.0, "sqrt_kl": 0.0, "proxy_score": 0.1, "gold_score": 0.6},
         {"iteration": 1, "episodes": 64, "kl": -0.01, "sqrt_kl": 0.0, "proxy_score": 0.2, "gold_score": 0.7},
@@ -65,9 +65,16 @@ def test_eval_every_gives_at_least_the_asked_points():
 
 def test_plot_overoptimization_writes_one_figure(tmp_path):
     point = {"sqrt_kl": 0.0, "proxy_score": 0.1, "gold_score": 0.6}
-    curves = [{"label": "PPO vs RM", "method": "ppo", "reward": "rm", "points": [point, {**point, "sqrt_kl": 0.5, "proxy_score": 0.4}]},
-              {"label": "PPO vs gold", "method": "ppo", "reward": "gold", "points": [point]},
-              {"label": "best-of-N", "method": "best_of_n", "reward": "rm", "points": []}]
+    curves = [
+        {
+            "label": "PPO vs RM",
+            "method": "ppo",
+            "reward": "rm",
+            "points": [point, {**point, "sqrt_kl": 0.5, "proxy_score": 0.4}],
+        },
+        {"label": "PPO vs gold", "method": "ppo", "reward": "gold", "points": [point]},
+        {"label": "best-of-N", "method": "best_of_n", "reward": "rm", "points": []},
+    ]
     assert plot_overoptimization(curves, tmp_path / "figure.png")
     assert (tmp_path / "figure.png").stat().st_size > 10_000
     assert not plot_overoptimization([curves[-1]], tmp_path / "none.png") and not (tmp_path / "none.png").exists()
@@ -84,7 +91,9 @@ def overopt_script():
     from conftest import REPO
 
     if "overoptimization_script" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("overoptimization_script", REPO / "part4_eval" / "overoptimization.py")
+        spec = importlib.util.spec_from_file_location(
+            "overoptimization_script", REPO / "part4_eval" / "overoptimization.py"
+        )
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module  # registered before it runs: its dataclass looks itself up there
         spec.loader.exec_module(module)
@@ -105,18 +114,30 @@ def test_plan_variants_one_run_per_method_reward_and_kl_coef():
     assert [v.name for v in variants] == ["ppo_rm", "ppo_gold", "grpo_rm", "grpo_gold"]
     ppo_gold = variants[1]
     assert (ppo_gold.iterations, ppo_gold.eval_every) == (16, 4)  # 4 checkpoints after the start: 4, 8, 12, 16
-    assert ppo_gold.overrides == ["ppo.reward=rlhf.task:gold_rewards", "ppo.kl_coef=0.01", "ppo.total_episodes=1024", "ppo.eval_every=4",
-                                  "ppo.eval_prompts=200", "ppo.kl_target=null"]
+    assert ppo_gold.overrides == [
+        "ppo.reward=rlhf.task:gold_rewards",
+        "ppo.kl_coef=0.01",
+        "ppo.total_episodes=1024",
+        "ppo.eval_every=4",
+        "ppo.eval_prompts=200",
+        "ppo.kl_target=null",
+    ]
     assert (variants[2].iterations, variants[2].eval_every) == (24, 6)
-    several = plan("--methods", "grpo", "--rewards", "rm", "--kl-coefs", "0.01,0.1", "--grpo-episodes", "640", "--points", "5")
-    assert [(v.name, v.kl_coef, v.iterations, v.eval_every) for v in several] == [("grpo_rm_kl0.01", 0.01, 10, 2),
-                                                                                  ("grpo_rm_kl0.1", 0.1, 10, 2)]
+    several = plan(
+        "--methods", "grpo", "--rewards", "rm", "--kl-coefs", "0.01,0.1", "--grpo-episodes", "640", "--points", "5"
+    )
+    assert [(v.name, v.kl_coef, v.iterations, v.eval_every) for v in several] == [
+        ("grpo_rm_kl0.01", 0.01, 10, 2),
+        ("grpo_rm_kl0.1", 0.1, 10, 2),
+    ]
     assert [v.name for v in plan(embedded=False)] == ["ppo_rm", "grpo_rm"]  # no gold judge off the embedded task
-    for flags, message in [(["--methods", "dpo"], "--methods 'dpo': choose from ppo, grpo"),
-                           (["--rewards", "gold"], "--rewards gold needs the embedded task's gold judge"),
-                           (["--kl-coefs", "low"], "--kl-coefs 'low' must be comma-separated numbers"),
-                           (["--points", "0"], "--points 0 must be at least 1"),
-                           (["--ppo-episodes", "10"], "--ppo-episodes 10 is less than one batch (ppo.batch_size=64)")]:
+    for flags, message in [
+        (["--methods", "dpo"], "--methods 'dpo': choose from ppo, grpo"),
+        (["--rewards", "gold"], "--rewards gold needs the embedded task's gold judge"),
+        (["--kl-coefs", "low"], "--kl-coefs 'low' must be comma-separated numbers"),
+        (["--points", "0"], "--points 0 must be at least 1"),
+        (["--ppo-episodes", "10"], "--ppo-episodes 10 is less than one batch (ppo.batch_size=64)"),
+    ]:
         with pytest.raises(UserError, match=None) as info:
             plan(*flags, embedded=flags != ["--rewards", "gold"])
         assert message in str(info.value), str(info.value)
@@ -130,7 +151,9 @@ def test_link_inputs_makes_a_sub_run_that_reads_the_main_run(tmp_path):
     sub = tmp_path / "overopt" / "ppo_rm"
     script.link_inputs(tmp_path, sub)
     script.link_inputs(tmp_path, sub)  # idempotent
-    assert all((sub / stage).is_symlink() and (sub / stage / "complete.json").is_file() for stage in ("data", "sft", "reward"))
+    assert all(
+        (sub / stage).is_symlink() and (sub / stage / "complete.json").is_file() for stage in ("data", "sft", "reward")
+    )
     assert str((sub / "sft").readlink()) == "../../sft"  # relative: the run folder can move
 
 
@@ -138,17 +161,44 @@ def test_link_inputs_makes_a_sub_run_that_reads_the_main_run(tmp_path):
 
 
 # Two iterations per run, evaluations on 16 prompts: every code path, in about a minute per variant.
-FAST = ["ppo.batch_size=32", "ppo.micro_batch_size=16", "ppo.forward_batch_size=64", "ppo.epochs=1", "ppo.lr=1e-4",
-        "ppo.max_new_tokens=24", "ppo.save_every=0", "ppo.samples_every=0", "ppo.cpu_threads=1",
-        "grpo.batch_size=32", "grpo.group_size=4", "grpo.micro_batch_size=16", "grpo.forward_batch_size=64", "grpo.lr=1e-4",
-        "grpo.max_new_tokens=24", "grpo.save_every=0", "grpo.samples_every=0", "grpo.cpu_threads=1"]
+FAST = [
+    "ppo.batch_size=32",
+    "ppo.micro_batch_size=16",
+    "ppo.forward_batch_size=64",
+    "ppo.epochs=1",
+    "ppo.lr=1e-4",
+    "ppo.max_new_tokens=24",
+    "ppo.save_every=0",
+    "ppo.samples_every=0",
+    "ppo.cpu_threads=1",
+    "grpo.batch_size=32",
+    "grpo.group_size=4",
+    "grpo.micro_batch_size=16",
+    "grpo.forward_batch_size=64",
+    "grpo.lr=1e-4",
+    "grpo.max_new_tokens=24",
+    "grpo.save_every=0",
+    "grpo.samples_every=0",
+    "grpo.cpu_threads=1",
+]
 
 
 @pytest.mark.slow
 def test_overoptimization_command_end_to_end(tiny_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
-    flags = ["--ppo-episodes", "64", "--grpo-episodes", "64", "--points", "2", "--eval-prompts", "16", "--best-of-n", "1,2,4"]
+    flags = [
+        "--ppo-episodes",
+        "64",
+        "--grpo-episodes",
+        "64",
+        "--points",
+        "2",
+        "--eval-prompts",
+        "16",
+        "--best-of-n",
+        "1,2,4",
+    ]
     result = run_script("part4_eval/overoptimization.py", run, *flags, *TINY_TEST_OVERRIDES, *FAST)
     assert "(4/4) grpo_gold done" in result.stdout
     report = json.loads((run / "overopt" / "overoptimization.json").read_text())
@@ -167,9 +217,13 @@ def test_overoptimization_command_end_to_end(tiny_run, tmp_path):
     bon = curves["best-of-N (RM picks)"]["points"]
     assert [p["n"] for p in bon] == [1, 2, 4]
     assert [p["kl"] for p in bon] == [0.0, math.log(2) - 0.5, math.log(4) - 0.75]
-    assert bon[0]["proxy_score"] <= bon[1]["proxy_score"] <= bon[2]["proxy_score"]  # the RM picks: its score can only rise
+    assert (
+        bon[0]["proxy_score"] <= bon[1]["proxy_score"] <= bon[2]["proxy_score"]
+    )  # the RM picks: its score can only rise
     assert (run / "overopt" / "overoptimization.png").stat().st_size > 10_000
-    assert (run / "overopt" / "ppo_rm" / "sft").is_symlink() and not (run / "overopt" / "ppo_rm" / "sft" / "checkpoint").exists()
+    assert (run / "overopt" / "ppo_rm" / "sft").is_symlink() and not (
+        run / "overopt" / "ppo_rm" / "sft" / "checkpoint"
+    ).exists()
 
     # A second run reuses everything: every stage skips itself and best-of-n comes from its cache.
     again = run_script("part4_eval/overoptimization.py", run, *flags, *TINY_TEST_OVERRIDES, *FAST)

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import REPO, TINY_TEST_OVERRIDES, read_summary, run_script
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
 
@@ -31,14 +30,30 @@ def test_summary_has_the_documented_part1_keys(tiny_run):
     assert summary["data"]["n_pairs"]["train"] > 0 and summary["data"]["n_pairs"]["val"] > 0
     assert set(summary["data"]["dropped"]) >= {"tie", "diverging_prompts", "prompt_too_long"}
     assert 0.5 < summary["data"]["embedded"]["noise_ceiling"]["test"] <= 1.0
-    for key in ("sft.val_loss", "reward_model.val_accuracy", "reward_model.test_accuracy", "timing_s.data", "timing_s.sft", "timing_s.reward"):
+    for key in (
+        "sft.val_loss",
+        "reward_model.val_accuracy",
+        "reward_model.test_accuracy",
+        "timing_s.data",
+        "timing_s.sft",
+        "timing_s.reward",
+    ):
         section, name = key.split(".")
         assert isinstance(summary[section][name], float), key
     for name in ("lengths.png",):
         assert (tiny_run / "data" / name).stat().st_size > 1000
-    assert (tiny_run / "reward" / "rewards_test.png").is_file() and (tiny_run / "reward" / "error_analysis.json").is_file()
+    assert (tiny_run / "reward" / "rewards_test.png").is_file() and (
+        tiny_run / "reward" / "error_analysis.json"
+    ).is_file()
     by_family = summary["reward_model"]["gold_accuracy_by_family"]
-    assert set(by_family) == {"val", "test"} and set(by_family["test"]) == {"fact", "arith", "context", "harmful", "risky_benign", "multiturn"}
+    assert set(by_family) == {"val", "test"} and set(by_family["test"]) == {
+        "fact",
+        "arith",
+        "context",
+        "harmful",
+        "risky_benign",
+        "multiturn",
+    }
     assert all(0.0 <= acc <= 1.0 for split in by_family.values() for acc in split.values())
 
 
@@ -59,7 +74,9 @@ def test_reward_training_changed_the_backbone_and_left_sft_untouched(tiny_run):
     # Frozen input: the SFT folder is as the SFT stage wrote it (its files predate the reward stage).
     complete = json.loads((tiny_run / "sft" / "complete.json").read_text())
     assert complete["steps"] == read_summary(tiny_run)["sft"]["steps"]
-    assert (tiny_run / "sft" / "model" / "model.safetensors").stat().st_mtime < (tiny_run / "reward" / "complete.json").stat().st_mtime
+    assert (tiny_run / "sft" / "model" / "model.safetensors").stat().st_mtime < (
+        tiny_run / "reward" / "complete.json"
+    ).stat().st_mtime
 
 
 def test_reward_model_loads_with_plain_transformers(tiny_run):
@@ -83,12 +100,19 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
     shutil.copytree(tiny_run, run)
     skipped = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES)
     assert "already complete" in skipped.stdout
-    # Re-runs whose upstream stage does not match, or whose config is invalid, fail in one line and keep the finished stage.
-    mismatched = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "sft.lr=0.5", "reward.lr=0.5", check=False)
+    # Re-runs whose upstream stage does not match, or whose config is invalid, fail in one line and keep the
+    # finished stage.
+    mismatched = run_script(
+        "part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "sft.lr=0.5", "reward.lr=0.5", check=False
+    )
     assert mismatched.returncode == 2 and "stage 'sft' was run with a different config" in mismatched.stderr
-    invalid = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.label_smoothing=0.7", check=False)
+    invalid = run_script(
+        "part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.label_smoothing=0.7", check=False
+    )
     assert invalid.returncode == 2 and "reward.label_smoothing must be in [0, 0.5)" in invalid.stderr
-    negative = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.logprob_distill_coef=-1", check=False)
+    negative = run_script(
+        "part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.logprob_distill_coef=-1", check=False
+    )
     assert negative.returncode == 2 and "reward.logprob_distill_coef must be >= 0" in negative.stderr
     assert "already complete" in run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES).stdout
     changed = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.max_steps=3")
@@ -100,11 +124,25 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
 
 def test_killed_stage_resumes_to_the_same_result(tiny_run, tmp_path):
     """Kill SFT after its first checkpoint, resume, and end where an uninterrupted run ends."""
-    overrides = [*TINY_TEST_OVERRIDES, "sft.max_steps=40", "sft.save_every=10", "sft.gold_eval_prompts=4", "sft.num_samples=2"]
+    overrides = [
+        *TINY_TEST_OVERRIDES,
+        "sft.max_steps=40",
+        "sft.save_every=10",
+        "sft.gold_eval_prompts=4",
+        "sft.num_samples=2",
+    ]
     killed = tmp_path / "killed"
     shutil.copytree(tiny_run / "data", killed / "data")
     shutil.copy(tiny_run / "summary.json", killed / "summary.json")
-    command = [sys.executable, str(REPO / "part1_reward/train_sft.py"), "--preset", "tiny", "--output-dir", str(killed), *overrides]
+    command = [
+        sys.executable,
+        str(REPO / "part1_reward/train_sft.py"),
+        "--preset",
+        "tiny",
+        "--output-dir",
+        str(killed),
+        *overrides,
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
     deadline = time.time() + 300
     while not (killed / "sft" / "checkpoint" / "state.json").is_file():
@@ -131,8 +169,14 @@ def test_killed_stage_resumes_to_the_same_result(tiny_run, tmp_path):
 @pytest.mark.parametrize("stage", ["sft", "reward"])
 def test_two_process_data_parallel_matches_one_process(tiny_run, tmp_path, stage):
     """torchrun with 2 gloo processes == 1 process accumulating 2 micro-batches, same global batch."""
-    overrides = [*TINY_TEST_OVERRIDES, f"{stage}.max_steps=6", f"{stage}.batch_size=16", f"{stage}.micro_batch_size=8",
-                 f"{stage}.save_every=0", "run.log_every=1"]
+    overrides = [
+        *TINY_TEST_OVERRIDES,
+        f"{stage}.max_steps=6",
+        f"{stage}.batch_size=16",
+        f"{stage}.micro_batch_size=8",
+        f"{stage}.save_every=0",
+        "run.log_every=1",
+    ]
     if stage == "sft":  # the reward stage needs the sft config its input was made with
         overrides += ["sft.gold_eval_prompts=2", "sft.num_samples=1"]
     else:  # with the distillation targets, computed sharded across the processes
@@ -140,15 +184,18 @@ def test_two_process_data_parallel_matches_one_process(tiny_run, tmp_path, stage
     script = {"sft": "part1_reward/train_sft.py", "reward": "part1_reward/train_reward.py"}[stage]
     inputs = {"sft": ["data"], "reward": ["data", "sft"]}[stage]
     losses = {}
-    for name, launcher in (("single", [sys.executable]),
-                           ("ddp", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"])):
+    for name, launcher in (
+        ("single", [sys.executable]),
+        ("ddp", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"]),
+    ):
         out = tmp_path / name
         for folder in inputs:
             shutil.copytree(tiny_run / folder, out / folder)
         shutil.copy(tiny_run / "summary.json", out / "summary.json")
         command = [*launcher, str(REPO / script), "--preset", "tiny", "--output-dir", str(out), *overrides]
-        result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+        result = subprocess.run(
+            command, capture_output=True, text=True, cwd=REPO, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         rows = [json.loads(line) for line in (out / stage / "metrics.jsonl").read_text().splitlines()]
         losses[name] = [row[f"{stage}/train/loss"] for row in rows if f"{stage}/train/loss" in row]
@@ -161,12 +208,19 @@ HH_PROMPT = "\n\nHuman: How do I bake bread?\n\nAssistant:"
 
 def hh_rows() -> list:
     """A local HH-format file with one row of every edge case, and counts we know."""
-    good = [{"chosen": f"\n\nHuman: Tell me fact {i}.\n\nAssistant: Fact {i} is that water is wet.",
-             "rejected": f"\n\nHuman: Tell me fact {i}.\n\nAssistant: No."} for i in range(60)]
+    good = [
+        {
+            "chosen": f"\n\nHuman: Tell me fact {i}.\n\nAssistant: Fact {i} is that water is wet.",
+            "rejected": f"\n\nHuman: Tell me fact {i}.\n\nAssistant: No.",
+        }
+        for i in range(60)
+    ]
     edge = [
         {"chosen": HH_PROMPT + " Same.", "rejected": HH_PROMPT + " Same."},  # tie
-        {"chosen": "\n\nHuman: a\n\nAssistant: b\n\nHuman: c\n\nAssistant: d",
-         "rejected": "\n\nHuman: a\n\nAssistant: other\n\nHuman: c\n\nAssistant: e"},  # diverging_prompts
+        {
+            "chosen": "\n\nHuman: a\n\nAssistant: b\n\nHuman: c\n\nAssistant: d",
+            "rejected": "\n\nHuman: a\n\nAssistant: other\n\nHuman: c\n\nAssistant: e",
+        },  # diverging_prompts
         {"chosen": HH_PROMPT + "", "rejected": HH_PROMPT + " Knead it."},  # empty_response
         {"chosen": "\n\nHuman: no assistant here", "rejected": "\n\nHuman: none"},  # no_assistant_turn
         {"rejected": HH_PROMPT + " Knead."},  # malformed
@@ -179,23 +233,36 @@ def test_hh_format_file_counts_every_edge_case(tmp_path):
     data = tmp_path / "hh.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in hh_rows()) + "\n")
     out = tmp_path / "run"
-    run_script("part1_reward/analyze_data.py", out, f"data.path={data}", "data.max_response_tokens=64", "data.val_fraction=0.2")
+    run_script(
+        "part1_reward/analyze_data.py", out, f"data.path={data}", "data.max_response_tokens=64", "data.val_fraction=0.2"
+    )
     dropped = read_summary(out)["data"]["dropped"]
-    assert dropped == {"malformed": 1, "no_assistant_turn": 1, "diverging_prompts": 1, "tie": 1, "empty_response": 1,
-                       "response_too_short": 0, "response_too_long": 1, "prompt_too_long": 0}
+    assert dropped == {
+        "malformed": 1,
+        "no_assistant_turn": 1,
+        "diverging_prompts": 1,
+        "tie": 1,
+        "empty_response": 1,
+        "response_too_short": 0,
+        "response_too_long": 1,
+        "prompt_too_long": 0,
+    }
     n_pairs = read_summary(out)["data"]["n_pairs"]
     assert n_pairs["train"] + n_pairs["val"] == 60 and n_pairs["test"] == 0
-    train_prompts = {json.loads(l)["prompt"] for l in (out / "data" / "train.jsonl").read_text().splitlines()}
-    val_prompts = {json.loads(l)["prompt"] for l in (out / "data" / "val.jsonl").read_text().splitlines()}
+    train_prompts = {json.loads(line)["prompt"] for line in (out / "data" / "train.jsonl").read_text().splitlines()}
+    val_prompts = {json.loads(line)["prompt"] for line in (out / "data" / "val.jsonl").read_text().splitlines()}
     assert not train_prompts & val_prompts
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "does not exist"),
-    ("", "no training rows"),
-    ('{"rejected": "x"}\n{"rejected": "y"}\n', "malformed"),
-    (json.dumps({"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: yo"}) + "\n", "no_assistant_turn"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ("", "no training rows"),
+        ('{"rejected": "x"}\n{"rejected": "y"}\n', "malformed"),
+        (json.dumps({"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: yo"}) + "\n", "no_assistant_turn"),
+    ],
+)
 def test_bad_data_is_a_one_line_error_and_loses_nothing(tmp_path, content, message):
     out = tmp_path / "run"
     out.mkdir()
@@ -210,10 +277,13 @@ def test_bad_data_is_a_one_line_error_and_loses_nothing(tmp_path, content, messa
     assert json.loads((out / "summary.json").read_text()) == {"kept": True}
 
 
-@pytest.mark.parametrize("args, message", [
-    (["sft.learnin_rate=1"], "unknown config key"),
-    (["sft.lr=fast"], "expects float"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["sft.learnin_rate=1"], "unknown config key"),
+        (["sft.lr=fast"], "expects float"),
+    ],
+)
 def test_bad_config_is_a_one_line_error(tmp_path, args, message):
     result = run_script("part1_reward/train_sft.py", tmp_path / "run", *args, check=False)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
@@ -235,11 +305,25 @@ def test_gpt2_hh_preset_runs_offline_with_random_init(tmp_path):
     GPT2Config().save_pretrained(tmp_path / "gpt2-config")  # the 124M architecture
     data = tmp_path / "hh.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in hh_rows()) + "\n")
-    overrides = [f"data.path={data}", "model.init=random", f"model.name_or_path={tmp_path / 'gpt2-config'}",
-                 "tokenizer.train_from_data=true", "tokenizer.vocab_size=400", "run.mixed_precision=no",
-                 "sft.batch_size=4", "sft.micro_batch_size=2", "sft.max_steps=2", "sft.eval_batch_size=8",
-                 "reward.batch_size=4", "reward.micro_batch_size=2", "reward.max_steps=2", "reward.eval_batch_size=8",
-                 "data.max_response_tokens=32", "data.max_prompt_tokens=32", "data.val_fraction=0.2"]
+    overrides = [
+        f"data.path={data}",
+        "model.init=random",
+        f"model.name_or_path={tmp_path / 'gpt2-config'}",
+        "tokenizer.train_from_data=true",
+        "tokenizer.vocab_size=400",
+        "run.mixed_precision=no",
+        "sft.batch_size=4",
+        "sft.micro_batch_size=2",
+        "sft.max_steps=2",
+        "sft.eval_batch_size=8",
+        "reward.batch_size=4",
+        "reward.micro_batch_size=2",
+        "reward.max_steps=2",
+        "reward.eval_batch_size=8",
+        "data.max_response_tokens=32",
+        "data.max_prompt_tokens=32",
+        "data.val_fraction=0.2",
+    ]
     out = tmp_path / "run"
     for script in ("part1_reward/analyze_data.py", "part1_reward/train_sft.py", "part1_reward/train_reward.py"):
         run_script(script, out, *overrides, preset="gpt2-hh")

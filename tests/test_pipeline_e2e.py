@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, TINY_TEST_OVERRIDES, read_summary
 
 pytestmark = pytest.mark.slow
@@ -17,10 +16,18 @@ pytestmark = pytest.mark.slow
 # Few RL iterations and small evaluation sets: this checks the stages fit together, not how well they align.
 PIPELINE_OVERRIDES = [
     *TINY_TEST_OVERRIDES,
-    "ppo.total_episodes=64", "ppo.batch_size=32", "ppo.eval_prompts=16",
-    "grpo.total_episodes=64", "grpo.batch_size=32", "grpo.eval_prompts=16",
-    "dpo.max_train_pairs=128", "dpo.eval_prompts=16",
-    "eval.num_prompts=40", "eval.best_of_n=4", "eval.best_of_n_prompts=10", "eval.batch_size=64",
+    "ppo.total_episodes=64",
+    "ppo.batch_size=32",
+    "ppo.eval_prompts=16",
+    "grpo.total_episodes=64",
+    "grpo.batch_size=32",
+    "grpo.eval_prompts=16",
+    "dpo.max_train_pairs=128",
+    "dpo.eval_prompts=16",
+    "eval.num_prompts=40",
+    "eval.best_of_n=4",
+    "eval.best_of_n_prompts=10",
+    "eval.batch_size=64",
 ]
 
 
@@ -29,8 +36,14 @@ def full_run(tiny_run, tmp_path_factory):
     run = tmp_path_factory.mktemp("pipeline") / "run"
     shutil.copytree(tiny_run, run)
     env = {key: value for key, value in os.environ.items() if key != "OPENAI_API_KEY"}
-    result = subprocess.run([sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", "--output-dir", str(run), *PIPELINE_OVERRIDES],
-                            capture_output=True, text=True, cwd=REPO, env=env, timeout=1500)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", "--output-dir", str(run), *PIPELINE_OVERRIDES],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=1500,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return run, result.stdout
 
@@ -42,11 +55,19 @@ def test_completed_upstream_stages_are_skipped(full_run):
 
 
 def test_eval_measures_every_policy_the_same_way(full_run):
-    run, stdout = full_run
+    run, _stdout = full_run
     evaluation = read_summary(run)["eval"]
     assert set(evaluation["models"]) == {"sft", "ppo", "grpo", "dpo", "best_of_4"}
     for name, metrics in evaluation["models"].items():
-        for key in ("reward_mean", "reward_std", "kl_to_ref", "length_mean", "eos_rate", "distinct_2", "gold_score_mean"):
+        for key in (
+            "reward_mean",
+            "reward_std",
+            "kl_to_ref",
+            "length_mean",
+            "eos_rate",
+            "distinct_2",
+            "gold_score_mean",
+        ):
             assert isinstance(metrics[key], float), (name, key)
         assert metrics["n"] == (10 if name == "best_of_4" else 40)
     assert evaluation["models"]["sft"]["kl_to_ref"] == 0.0

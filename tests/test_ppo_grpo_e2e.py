@@ -20,34 +20,107 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import REPO, TINY_TEST_OVERRIDES, read_summary, run_script
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
 
 # Few, small iterations: enough for the RM score to move, short enough for the test budget.
 FAST = {
-    "ppo": ["ppo.total_episodes=256", "ppo.batch_size=32", "ppo.micro_batch_size=16", "ppo.forward_batch_size=64", "ppo.epochs=2",
-            "ppo.lr=1e-4", "ppo.value_lr=1e-3", "ppo.max_new_tokens=24", "ppo.eval_prompts=64", "ppo.samples_every=4",
-            "ppo.save_every=0", "ppo.cpu_threads=1", "ppo.eval_every=4"],
-    "grpo": ["grpo.total_episodes=256", "grpo.batch_size=32", "grpo.group_size=4", "grpo.micro_batch_size=16",
-             "grpo.forward_batch_size=64", "grpo.lr=1e-4", "grpo.max_new_tokens=24", "grpo.eval_prompts=64", "grpo.samples_every=4",
-             "grpo.save_every=0", "grpo.cpu_threads=1", "grpo.eval_every=4"],
+    "ppo": [
+        "ppo.total_episodes=256",
+        "ppo.batch_size=32",
+        "ppo.micro_batch_size=16",
+        "ppo.forward_batch_size=64",
+        "ppo.epochs=2",
+        "ppo.lr=1e-4",
+        "ppo.value_lr=1e-3",
+        "ppo.max_new_tokens=24",
+        "ppo.eval_prompts=64",
+        "ppo.samples_every=4",
+        "ppo.save_every=0",
+        "ppo.cpu_threads=1",
+        "ppo.eval_every=4",
+    ],
+    "grpo": [
+        "grpo.total_episodes=256",
+        "grpo.batch_size=32",
+        "grpo.group_size=4",
+        "grpo.micro_batch_size=16",
+        "grpo.forward_batch_size=64",
+        "grpo.lr=1e-4",
+        "grpo.max_new_tokens=24",
+        "grpo.eval_prompts=64",
+        "grpo.samples_every=4",
+        "grpo.save_every=0",
+        "grpo.cpu_threads=1",
+        "grpo.eval_every=4",
+    ],
 }
 SCRIPTS = {"ppo": "part2_ppo_grpo/train_ppo.py", "grpo": "part2_ppo_grpo/train_grpo.py"}
 METRICS = {
-    "ppo": ["objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward", "objective/scores",
-            "policy/approxkl", "policy/clipfrac", "val/loss", "val/clipfrac", "val/explained_variance", "responses/length_mean",
-            "responses/eos_rate", "responses/length_score_corr", "time/generate_s", "time/score_s", "time/train_s",
-            "time/tokens_per_s", "memory/peak_mb", "gold/score_mean"],
-    "grpo": ["objective/kl", "objective/entropy", "objective/scores", "objective/zero_std_groups", "policy/approxkl",
-             "policy/clipfrac", "policy/k3_kl", "responses/length_mean", "responses/eos_rate", "responses/length_score_corr",
-             "time/generate_s", "time/score_s", "time/train_s", "time/tokens_per_s", "memory/peak_mb", "gold/score_mean"],
+    "ppo": [
+        "objective/kl",
+        "objective/entropy",
+        "objective/non_score_reward",
+        "objective/rlhf_reward",
+        "objective/scores",
+        "policy/approxkl",
+        "policy/clipfrac",
+        "val/loss",
+        "val/clipfrac",
+        "val/explained_variance",
+        "responses/length_mean",
+        "responses/eos_rate",
+        "responses/length_score_corr",
+        "time/generate_s",
+        "time/score_s",
+        "time/train_s",
+        "time/tokens_per_s",
+        "memory/peak_mb",
+        "gold/score_mean",
+    ],
+    "grpo": [
+        "objective/kl",
+        "objective/entropy",
+        "objective/scores",
+        "objective/zero_std_groups",
+        "policy/approxkl",
+        "policy/clipfrac",
+        "policy/k3_kl",
+        "responses/length_mean",
+        "responses/eos_rate",
+        "responses/length_score_corr",
+        "time/generate_s",
+        "time/score_s",
+        "time/train_s",
+        "time/tokens_per_s",
+        "memory/peak_mb",
+        "gold/score_mean",
+    ],
 }
-SUMMARY_KEYS = ["reward_mean", "sft_reward_mean", "kl_to_ref", "length_mean", "eos_rate", "time_per_sample_ms", "peak_memory_mb",
-                "peak_memory_source", "gold_score_mean", "sft_gold_score_mean", "gold_good_rate", "sft_gold_good_rate",
-                "gold_win_rate_vs_sft", "gold_wins", "gold_losses", "gold_ties", "eval_prompts", "iterations", "episodes", "reward_source"]
+SUMMARY_KEYS = [
+    "reward_mean",
+    "sft_reward_mean",
+    "kl_to_ref",
+    "length_mean",
+    "eos_rate",
+    "time_per_sample_ms",
+    "peak_memory_mb",
+    "peak_memory_source",
+    "gold_score_mean",
+    "sft_gold_score_mean",
+    "gold_good_rate",
+    "sft_gold_good_rate",
+    "gold_win_rate_vs_sft",
+    "gold_wins",
+    "gold_losses",
+    "gold_ties",
+    "eval_prompts",
+    "iterations",
+    "episodes",
+    "reward_source",
+]
 EVAL_KEYS = ["reward_mean", "kl_to_ref", "gold_score_mean", "length_mean", "eos_rate"]
 
 
@@ -82,9 +155,14 @@ def test_reward_model_score_rises_over_sft_on_held_out_prompts(rl_run, stage):
 @pytest.mark.parametrize("stage", ["ppo", "grpo"])
 def test_frozen_roles_unchanged_and_the_policy_trained(rl_run, stage):
     run, before, _ = rl_run
-    assert {name: digest(run / name / "model") for name in ("sft", "reward")} == before  # files of the reference and the RM
+    assert {
+        name: digest(run / name / "model") for name in ("sft", "reward")
+    } == before  # files of the reference and the RM
     assert read_summary(run)[stage]["frozen_roles_unchanged"] is True  # in-memory weights, checked by the stage
-    sft, trained = load_file(run / "sft" / "model" / "model.safetensors"), load_file(run / stage / "model" / "model.safetensors")
+    sft, trained = (
+        load_file(run / "sft" / "model" / "model.safetensors"),
+        load_file(run / stage / "model" / "model.safetensors"),
+    )
     assert sft.keys() == trained.keys()
     assert any(not torch.equal(sft[k], trained[k]) for k in sft)
 
@@ -106,7 +184,10 @@ def test_outputs_metrics_and_summary_are_complete(rl_run, stage):
     evals = [row for row in metric_rows(run, stage) if f"{stage}/eval/kl_to_ref" in row]
     assert [row["step"] for row in evals] == [0, 4, 8]
     assert all(f"{stage}/eval/{key}" in row for row in evals for key in EVAL_KEYS)
-    assert evals[0][f"{stage}/eval/kl_to_ref"] == 0.0 and evals[-1][f"{stage}/eval/kl_to_ref"] == summary[stage]["kl_to_ref"]
+    assert (
+        evals[0][f"{stage}/eval/kl_to_ref"] == 0.0
+        and evals[-1][f"{stage}/eval/kl_to_ref"] == summary[stage]["kl_to_ref"]
+    )
     assert (run / stage / "curves.png").stat().st_size > 10_000
     samples = [json.loads(line) for line in (run / stage / "samples.jsonl").read_text().splitlines()]
     assert samples and {"prompt", "response", "score", "gold_score", "iteration"} <= set(samples[0])
@@ -120,9 +201,19 @@ def test_outputs_metrics_and_summary_are_complete(rl_run, stage):
 def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_evaluating(rl_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
-    result = run_script(SCRIPTS["grpo"], run, *TINY_TEST_OVERRIDES, *FAST["grpo"], "grpo.kl_coef=0", "grpo.total_episodes=64",
-                        "grpo.eval_prompts=8", "grpo.loss_normalization=token", "grpo.scale_rewards=false", "grpo.clip_high=0.28",
-                        "grpo.eval_every=1")
+    result = run_script(
+        SCRIPTS["grpo"],
+        run,
+        *TINY_TEST_OVERRIDES,
+        *FAST["grpo"],
+        "grpo.kl_coef=0",
+        "grpo.total_episodes=64",
+        "grpo.eval_prompts=8",
+        "grpo.loss_normalization=token",
+        "grpo.scale_rewards=false",
+        "grpo.clip_high=0.28",
+        "grpo.eval_every=1",
+    )
     assert "reference not loaded (kl_coef=0); SFT policy loaded for evaluation" in result.stdout
     assert read_summary(run)["grpo"]["reference_loaded_for_training"] is False
     rows = [row for row in metric_rows(run, "grpo") if "grpo/objective/scores" in row]
@@ -132,19 +223,32 @@ def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_eval
     assert evals[-1]["grpo/eval/kl_to_ref"] != 0.0  # the trained policy, measured against the SFT policy
 
 
-@pytest.mark.parametrize("stage, spec, model_weight, function_weight", [
-    ("grpo", "tests.reward_fixtures:constant_reward", 0.0, 1.0),
-    ("ppo", "model + 0.5*tests.reward_fixtures:constant_reward", 1.0, 0.5),
-])
+@pytest.mark.parametrize(
+    "stage, spec, model_weight, function_weight",
+    [
+        ("grpo", "tests.reward_fixtures:constant_reward", 0.0, 1.0),
+        ("ppo", "model + 0.5*tests.reward_fixtures:constant_reward", 1.0, 0.5),
+    ],
+)
 def test_a_reward_function_is_the_training_score(rl_run, tmp_path, stage, spec, model_weight, function_weight):
-    from rlhf.models import load_tokenizer
     from reward_fixtures import CONSTANT
+
+    from rlhf.models import load_tokenizer
 
     run = tmp_path / "run"
     shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
     calls = tmp_path / "calls.jsonl"
-    run_script(SCRIPTS[stage], run, *TINY_TEST_OVERRIDES, *FAST[stage], f"{stage}.reward={spec}", f"{stage}.total_episodes=64",
-               f"{stage}.eval_prompts=8", f"{stage}.eval_every=0", env={"RLHF_TEST_REWARD_LOG": str(calls)})
+    run_script(
+        SCRIPTS[stage],
+        run,
+        *TINY_TEST_OVERRIDES,
+        *FAST[stage],
+        f"{stage}.reward={spec}",
+        f"{stage}.total_episodes=64",
+        f"{stage}.eval_prompts=8",
+        f"{stage}.eval_every=0",
+        env={"RLHF_TEST_REWARD_LOG": str(calls)},
+    )
     assert read_summary(run)[stage]["reward_source"] == spec
     # The function saw each training batch once: prompts ending where the response starts, responses without EOS.
     batches = [json.loads(line) for line in calls.read_text().splitlines()]
@@ -158,7 +262,9 @@ def test_a_reward_function_is_the_training_score(rl_run, tmp_path, stage, spec, 
     for row in rows:
         assert row[f"{stage}/reward/constant_reward"] == CONSTANT
         rm = row.get(f"{stage}/reward/model", 0.0)
-        assert (f"{stage}/reward/model" in row) == (model_weight > 0)  # the RM scores training batches only when the spec uses it
+        assert (f"{stage}/reward/model" in row) == (
+            model_weight > 0
+        )  # the RM scores training batches only when the spec uses it
         expected = model_weight * rm + function_weight * CONSTANT - 1.0 * (1 - row[f"{stage}/responses/eos_rate"])
         assert abs(row[f"{stage}/objective/scores"] - expected) < 1e-5, (row, expected)
 
@@ -166,23 +272,49 @@ def test_a_reward_function_is_the_training_score(rl_run, tmp_path, stage, spec, 
 def test_a_reward_function_that_breaks_its_contract_stops_the_stage_in_one_line(rl_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
-    result = run_script(SCRIPTS["grpo"], run, *TINY_TEST_OVERRIDES, *FAST["grpo"], "grpo.reward=tests.reward_fixtures:wrong_count",
-                        "grpo.total_episodes=32", "grpo.eval_every=0", check=False)
+    result = run_script(
+        SCRIPTS["grpo"],
+        run,
+        *TINY_TEST_OVERRIDES,
+        *FAST["grpo"],
+        "grpo.reward=tests.reward_fixtures:wrong_count",
+        "grpo.total_episodes=32",
+        "grpo.eval_every=0",
+        check=False,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert ("error: reward function 'tests.reward_fixtures:wrong_count' returned 31 scores for 32 responses; it must return one "
-            "float per response, in order\n") in result.stderr
+    assert (
+        "error: reward function 'tests.reward_fixtures:wrong_count' returned 31 scores for 32 responses; "
+        "it must return one float per response, in order\n"
+    ) in result.stderr
     assert not (run / "grpo" / "complete.json").exists()
 
 
 def test_killed_ppo_resumes_to_the_same_weights(rl_run, tmp_path):
-    """Kill PPO after a checkpoint, resume, and end where an uninterrupted run ends (shared value head, to cover that option)."""
-    overrides = [*TINY_TEST_OVERRIDES, *FAST["ppo"], "ppo.total_episodes=128", "ppo.batch_size=16", "ppo.save_every=2",
-                 "ppo.eval_prompts=8", "ppo.value_model=shared"]
+    """Kill PPO after a checkpoint, resume, and end where an uninterrupted run ends
+    (shared value head, to cover that option)."""
+    overrides = [
+        *TINY_TEST_OVERRIDES,
+        *FAST["ppo"],
+        "ppo.total_episodes=128",
+        "ppo.batch_size=16",
+        "ppo.save_every=2",
+        "ppo.eval_prompts=8",
+        "ppo.value_model=shared",
+    ]
     runs = {}
     for name in ("killed", "straight"):
         runs[name] = tmp_path / name
         shutil.copytree(rl_run[0], runs[name], ignore=shutil.ignore_patterns("ppo", "grpo"))
-    command = [sys.executable, str(REPO / SCRIPTS["ppo"]), "--preset", "tiny", "--output-dir", str(runs["killed"]), *overrides]
+    command = [
+        sys.executable,
+        str(REPO / SCRIPTS["ppo"]),
+        "--preset",
+        "tiny",
+        "--output-dir",
+        str(runs["killed"]),
+        *overrides,
+    ]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
     deadline = time.time() + 300
     while not (runs["killed"] / "ppo" / "checkpoint" / "state.json").is_file():
@@ -201,14 +333,25 @@ def test_killed_ppo_resumes_to_the_same_weights(rl_run, tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
-@pytest.mark.parametrize("stage, args, message", [
-    ("grpo", ["grpo.batch_size=30", "grpo.group_size=4"], "grpo.batch_size=30 must be divisible by grpo.group_size=4"),
-    ("ppo", ["ppo.batch_size=32", "ppo.micro_batch_size=12"], "not divisible by ppo.micro_batch_size=12"),
-    ("ppo", ["ppo.max_new_tokens=500"], "exceeds the model's"),
-    ("ppo", ["ppo.value_model=critic"], "ppo.value_model must be 'separate' or 'shared'"),
-    ("ppo", ["ppo.reward=tests.reward_fixtures:no_such_function"], "ppo.reward: module 'tests.reward_fixtures' has no function"),
-    ("grpo", ["grpo.reward=model + gold"], "grpo.reward: unknown reward source 'gold'"),
-])
+@pytest.mark.parametrize(
+    "stage, args, message",
+    [
+        (
+            "grpo",
+            ["grpo.batch_size=30", "grpo.group_size=4"],
+            "grpo.batch_size=30 must be divisible by grpo.group_size=4",
+        ),
+        ("ppo", ["ppo.batch_size=32", "ppo.micro_batch_size=12"], "not divisible by ppo.micro_batch_size=12"),
+        ("ppo", ["ppo.max_new_tokens=500"], "exceeds the model's"),
+        ("ppo", ["ppo.value_model=critic"], "ppo.value_model must be 'separate' or 'shared'"),
+        (
+            "ppo",
+            ["ppo.reward=tests.reward_fixtures:no_such_function"],
+            "ppo.reward: module 'tests.reward_fixtures' has no function",
+        ),
+        ("grpo", ["grpo.reward=model + gold"], "grpo.reward: unknown reward source 'gold'"),
+    ],
+)
 def test_bad_batch_sizes_are_one_line_errors_before_any_model_loads(rl_run, tmp_path, stage, args, message):
     run = tmp_path / "run"
     shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO
 from safetensors.numpy import save_file
 
-from conftest import REPO
 from rlhf import report as R
 from rlhf.config import load_config, preset_path
 from rlhf.run import RunDir
@@ -26,10 +26,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def test_markdown_table_exact_text():
     table = R.markdown_table(["model", "win rate", "note"], [["PPO", "0.625", "a|b"], ["SFT", None, "two\nlines"]])
     assert table == (
-        "| model | win rate | note |\n"
-        "|---|---:|---:|\n"
-        "| PPO | 0.625 | a\\|b |\n"
-        "| SFT | n/a | two<br>lines |"
+        "| model | win rate | note |\n|---|---:|---:|\n| PPO | 0.625 | a\\|b |\n| SFT | n/a | two<br>lines |"
     )
 
 
@@ -41,17 +38,20 @@ def test_markdown_table_alignment_and_bad_rows():
         R.markdown_table(["a", "b"], [], align="l")
 
 
-@pytest.mark.parametrize("value, digits, text", [
-    (0.625, 3, "0.625"),
-    (0.62549, 3, "0.625"),
-    (1234, 3, "1,234"),  # ints: thousands separator, no decimals
-    (1234.5678, 1, "1,234.6"),
-    (None, 3, "n/a"),
-    (math.nan, 3, "n/a"),
-    (math.inf, 3, "n/a"),
-    ("sigmoid", 3, "sigmoid"),
-    (True, 3, "yes"),
-])
+@pytest.mark.parametrize(
+    "value, digits, text",
+    [
+        (0.625, 3, "0.625"),
+        (0.62549, 3, "0.625"),
+        (1234, 3, "1,234"),  # ints: thousands separator, no decimals
+        (1234.5678, 1, "1,234.6"),
+        (None, 3, "n/a"),
+        (math.nan, 3, "n/a"),
+        (math.inf, 3, "n/a"),
+        ("sigmoid", 3, "sigmoid"),
+        (True, 3, "yes"),
+    ],
+)
 def test_fmt(value, digits, text):
     assert R.fmt(value, digits) == text
 
@@ -74,18 +74,32 @@ def test_escape_and_code_block():
 
 
 def test_model_names_order_and_pairings():
-    assert [R.model_label(n) for n in ("sft", "best_of_16", "chosen", "base", "mystery")] == \
-        ["SFT", "best-of-16", "dataset chosen", "base", "mystery"]
-    assert R.order_models(["zeta", "chosen", "best_of_4", "dpo", "best_of_16", "sft", "ppo", "base"]) == \
-        ["base", "sft", "ppo", "dpo", "best_of_4", "best_of_16", "chosen", "zeta"]
+    assert [R.model_label(n) for n in ("sft", "best_of_16", "chosen", "base", "mystery")] == [
+        "SFT",
+        "best-of-16",
+        "dataset chosen",
+        "base",
+        "mystery",
+    ]
+    assert R.order_models(["zeta", "chosen", "best_of_4", "dpo", "best_of_16", "sft", "ppo", "base"]) == [
+        "base",
+        "sft",
+        "ppo",
+        "dpo",
+        "best_of_4",
+        "best_of_16",
+        "chosen",
+        "zeta",
+    ]
     assert R.parse_pairing("best_of_16_vs_sft") == ("best_of_16", "sft")
     assert R.parse_pairing("ppo_vs_chosen") == ("ppo", "chosen")
     assert R.parse_pairing("no_pairing") is None
 
 
 def test_win_rate_matrix_fills_mirrors_as_one_minus():
-    names, cells = R.win_rate_matrix({"ppo_vs_sft": {"win_rate": 0.75}, "dpo_vs_sft": {"win_rate": 0.5},
-                                      "ppo_vs_dpo": {"win_rate": None}})
+    names, cells = R.win_rate_matrix(
+        {"ppo_vs_sft": {"win_rate": 0.75}, "dpo_vs_sft": {"win_rate": 0.5}, "ppo_vs_dpo": {"win_rate": None}}
+    )
     assert names == ["sft", "ppo", "dpo"]
     sft, ppo, dpo = 0, 1, 2
     assert cells[ppo][sft] == (0.75, True)
@@ -100,20 +114,41 @@ def test_empty_run_renders_every_section_as_a_note():
     text = R.render_report(R.RunData(summary={}), problems)
     assert problems == []
     assert text.startswith("# RLHF run report")
-    for line in ("No `data` section in summary.json", "No `reward_model` section", "No `eval` section",
-                 "No response files", "No stage timings", "External: published numbers"):
+    for line in (
+        "No `data` section in summary.json",
+        "No `reward_model` section",
+        "No `eval` section",
+        "No response files",
+        "No stage timings",
+        "External: published numbers",
+    ):
         assert line in text, line
     assert "### Win rates" not in text and "### Best-of-N" not in text  # one note for a missing eval, not one per table
     assert "\n\n\n" not in text
 
 
-@pytest.mark.parametrize("summary", [
-    {"data": None, "eval": {"models": {"sft": None}, "win_rates": {"gold": None, "openai": {}}, "best_of_n": None,
-                            "suites": {"s": {"sft": None}, "t": None}, "judges": {"openai": "oops"}}, "timing_s": {"sft": "x"}},
-    {"data": {"source": None, "lengths": {"train": None}}, "reward_model": {"error_counts": {"test": {"a": 1}}},
-     "eval": {"models": [], "judge_agreement": {"x": {}}}},
-    {"eval": None, "ppo": {"steps": None}, "timing_s": None},
-])
+@pytest.mark.parametrize(
+    "summary",
+    [
+        {
+            "data": None,
+            "eval": {
+                "models": {"sft": None},
+                "win_rates": {"gold": None, "openai": {}},
+                "best_of_n": None,
+                "suites": {"s": {"sft": None}, "t": None},
+                "judges": {"openai": "oops"},
+            },
+            "timing_s": {"sft": "x"},
+        },
+        {
+            "data": {"source": None, "lengths": {"train": None}},
+            "reward_model": {"error_counts": {"test": {"a": 1}}},
+            "eval": {"models": [], "judge_agreement": {"x": {}}},
+        },
+        {"eval": None, "ppo": {"steps": None}, "timing_s": None},
+    ],
+)
 def test_partial_or_null_inputs_render_without_errors(summary):
     problems = []
     R.render_report(R.RunData(summary=summary), problems)
@@ -121,8 +156,16 @@ def test_partial_or_null_inputs_render_without_errors(summary):
 
 
 def test_training_row_per_stage_shows_its_final_metrics():
-    summary = {"grpo": {"iterations": 8, "group_size": 4, "reward_mean": 0.5, "peak_memory_mb": 812.4, "peak_memory_source": "max_rss"},
-               "timing_s": {"grpo": 150.0}}
+    summary = {
+        "grpo": {
+            "iterations": 8,
+            "group_size": 4,
+            "reward_mean": 0.5,
+            "peak_memory_mb": 812.4,
+            "peak_memory_source": "max_rss",
+        },
+        "timing_s": {"grpo": 150.0},
+    }
     text = R.section_training(R.RunData(summary=summary))
     assert "| GRPO | 8 iterations | group size G 4; RM reward 0.500 | 2.5 min | 812 MB (max_rss) |" in text
     assert "_PPO: not in this run (no `ppo` section in summary.json)._" in text
@@ -145,7 +188,9 @@ def test_report_figures_draw_nothing_from_nothing(tmp_path):
     assert plots.plot_model_rewards({"SFT": [], "PPO": [None, math.nan]}, path) is False
     assert plots.plot_model_lengths({}, path, budget=64) is False
     assert plots.plot_win_rate_heatmaps({"gold": ([], [])}, path) is False
-    assert plots.plot_stage_curves({"sft": [{"step": 1, "sft/train/other": 1.0}]}, plots.REPORT_CURVE_KEYS, path) is False
+    assert (
+        plots.plot_stage_curves({"sft": [{"step": 1, "sft/train/other": 1.0}]}, plots.REPORT_CURVE_KEYS, path) is False
+    )
     assert not path.exists()
     # one constant-valued model still draws (a violin needs spread; the helper adds a hair of it)
     assert plots.plot_model_rewards({"SFT": [0.5, 0.5]}, path) is True and path.read_bytes()[:8] == PNG_MAGIC
@@ -153,66 +198,224 @@ def test_report_figures_draw_nothing_from_nothing(tmp_path):
 
 # ----------------------------------------------------------------------------- the fixture run
 
-WIN_PPO_SFT = {"win_rate": 0.625, "loss_rate": 0.375, "tie_rate": 0.0, "wins": 50, "losses": 30, "ties": 0, "n": 80,
-               "n_invalid": 0, "ci95_low": 0.5124, "ci95_high": 0.7261, "lc_win_rate": 0.5883}
-WIN_DPO_SFT = {"win_rate": 0.55, "loss_rate": 0.4, "tie_rate": 0.1, "wins": 40, "losses": 32, "ties": 8, "n": 80,
-               "n_invalid": 0, "ci95_low": 0.4407, "ci95_high": 0.6549, "lc_win_rate": 0.5412}
-WIN_PPO_DPO = {"win_rate": 0.6, "loss_rate": 0.35, "tie_rate": 0.05, "wins": 46, "losses": 28, "ties": 4, "n": 78,
-               "n_invalid": 2, "ci95_low": 0.489, "ci95_high": 0.701, "lc_win_rate": 0.577}
+WIN_PPO_SFT = {
+    "win_rate": 0.625,
+    "loss_rate": 0.375,
+    "tie_rate": 0.0,
+    "wins": 50,
+    "losses": 30,
+    "ties": 0,
+    "n": 80,
+    "n_invalid": 0,
+    "ci95_low": 0.5124,
+    "ci95_high": 0.7261,
+    "lc_win_rate": 0.5883,
+}
+WIN_DPO_SFT = {
+    "win_rate": 0.55,
+    "loss_rate": 0.4,
+    "tie_rate": 0.1,
+    "wins": 40,
+    "losses": 32,
+    "ties": 8,
+    "n": 80,
+    "n_invalid": 0,
+    "ci95_low": 0.4407,
+    "ci95_high": 0.6549,
+    "lc_win_rate": 0.5412,
+}
+WIN_PPO_DPO = {
+    "win_rate": 0.6,
+    "loss_rate": 0.35,
+    "tie_rate": 0.05,
+    "wins": 46,
+    "losses": 28,
+    "ties": 4,
+    "n": 78,
+    "n_invalid": 2,
+    "ci95_low": 0.489,
+    "ci95_high": 0.701,
+    "lc_win_rate": 0.577,
+}
 N_PARAMS = 1024 * 1200 + 6000  # the fixture's safetensors header: 1,234,800 -> "1.23M"
 
 
 def fixture_summary() -> dict:
     models = {
-        "sft": {"reward_mean": 0.012, "reward_std": 0.9, "kl_to_ref": 0.0, "kl_to_ref_std": 0.0, "length_mean": 11.5,
-                "eos_rate": 0.95, "distinct_2": 0.61, "gold_score_mean": 0.351, "gold_good_rate": 0.3, "n": 80},
-        "ppo": {"reward_mean": 1.234, "reward_std": 0.7, "kl_to_ref": 4.567, "kl_to_ref_std": 1.2, "length_mean": 18.25,
-                "eos_rate": 0.9, "distinct_2": 0.44, "gold_score_mean": 0.512, "gold_good_rate": 0.45, "n": 80},
-        "dpo": {"reward_mean": 0.456, "reward_std": 0.8, "kl_to_ref": 2.345, "kl_to_ref_std": 0.9, "length_mean": 12.0,
-                "eos_rate": 0.97, "distinct_2": 0.58, "gold_score_mean": 0.433, "gold_good_rate": 0.38, "n": 80},
-        "best_of_16": {"reward_mean": 1.5, "reward_std": 0.5, "kl_to_ref": 1.835, "kl_to_ref_std": 0.0, "length_mean": 13.0,
-                       "eos_rate": 1.0, "distinct_2": 0.6, "gold_score_mean": 0.6, "gold_good_rate": 0.52, "n": 40},
+        "sft": {
+            "reward_mean": 0.012,
+            "reward_std": 0.9,
+            "kl_to_ref": 0.0,
+            "kl_to_ref_std": 0.0,
+            "length_mean": 11.5,
+            "eos_rate": 0.95,
+            "distinct_2": 0.61,
+            "gold_score_mean": 0.351,
+            "gold_good_rate": 0.3,
+            "n": 80,
+        },
+        "ppo": {
+            "reward_mean": 1.234,
+            "reward_std": 0.7,
+            "kl_to_ref": 4.567,
+            "kl_to_ref_std": 1.2,
+            "length_mean": 18.25,
+            "eos_rate": 0.9,
+            "distinct_2": 0.44,
+            "gold_score_mean": 0.512,
+            "gold_good_rate": 0.45,
+            "n": 80,
+        },
+        "dpo": {
+            "reward_mean": 0.456,
+            "reward_std": 0.8,
+            "kl_to_ref": 2.345,
+            "kl_to_ref_std": 0.9,
+            "length_mean": 12.0,
+            "eos_rate": 0.97,
+            "distinct_2": 0.58,
+            "gold_score_mean": 0.433,
+            "gold_good_rate": 0.38,
+            "n": 80,
+        },
+        "best_of_16": {
+            "reward_mean": 1.5,
+            "reward_std": 0.5,
+            "kl_to_ref": 1.835,
+            "kl_to_ref_std": 0.0,
+            "length_mean": 13.0,
+            "eos_rate": 1.0,
+            "distinct_2": 0.6,
+            "gold_score_mean": 0.6,
+            "gold_good_rate": 0.52,
+            "n": 40,
+        },
     }
-    curve = [{"n": n, "kl": math.log(n) - (n - 1) / n, "reward_mean": 0.01 + 0.3 * math.log2(n),
-              "gold_score_mean": 0.35 + 0.08 * math.log2(n) - 0.01 * math.log2(n) ** 2} for n in (1, 2, 4, 8, 16)]
+    curve = [
+        {
+            "n": n,
+            "kl": math.log(n) - (n - 1) / n,
+            "reward_mean": 0.01 + 0.3 * math.log2(n),
+            "gold_score_mean": 0.35 + 0.08 * math.log2(n) - 0.01 * math.log2(n) ** 2,
+        }
+        for n in (1, 2, 4, 8, 16)
+    ]
     return {
-        "data": {"source": "embedded", "n_raw": {"train": 2400, "test": 300}, "n_pairs": {"train": 2100, "val": 230, "test": 290},
-                 "dropped": {"malformed": 0, "tie": 7, "prompt_too_long": 3},
-                 "dropped_by_split": {"train": {"malformed": 0, "tie": 6, "prompt_too_long": 3},
-                                      "test": {"malformed": 0, "tie": 1, "prompt_too_long": 0}},
-                 "lengths": {"train": {"n": 2100, "prompt_tokens_mean": 30.1, "chosen_tokens_mean": 9.0, "chosen_tokens_std": 4.0,
-                                       "rejected_tokens_mean": 8.0, "rejected_tokens_std": 5.0, "chosen_minus_rejected_mean": 1.0,
-                                       "chosen_longer_fraction": 0.571},
-                             "test": {"n": 290, "prompt_tokens_mean": 30.0, "chosen_tokens_mean": 9.1, "chosen_tokens_std": 4.1,
-                                      "rejected_tokens_mean": 8.2, "rejected_tokens_std": 4.9, "chosen_minus_rejected_mean": 0.9,
-                                      "chosen_longer_fraction": 0.562}},
-                 "embedded": {"annotator_noise": 0.1, "length_bias": 0.2, "noise_ceiling": {"val": 0.861, "test": 0.873},
-                              "gold_agreement": {"val": 0.84, "test": 0.852}}},
-        "sft": {"val_loss": 1.2345, "val_perplexity": 3.437, "steps": 150, "gold_good_rate": 0.3, "gold_score_mean": 0.351},
-        "reward_model": {"steps": 140, "offset": 0.25, "val_accuracy": 0.7812, "test_accuracy": 0.7654, "val_gold_accuracy": 0.8,
-                         "test_gold_accuracy": 0.8123, "val_length_reward_correlation": 0.15, "test_length_reward_correlation": 0.2468,
-                         "val_chosen_reward_mean": 0.4, "val_rejected_reward_mean": -0.5, "test_chosen_reward_mean": 0.41,
-                         "test_rejected_reward_mean": -0.52,
-                         "gold_accuracy_by_family": {"val": {"fact": 0.7, "arith": 0.9}, "test": {"fact": 0.75, "arith": 0.8}}},
-        "ppo": {"iterations": 30, "episodes": 1920, "reward_mean": 1.2, "sft_reward_mean": 0.01, "kl_to_ref": 4.5,
-                "gold_score_mean": 0.51, "gold_win_rate_vs_sft": 0.6, "final_kl_coef": 0.05, "time_per_sample_ms": 12.5,
-                "peak_memory_mb": 2345.6, "peak_memory_source": "max_rss"},
-        "dpo": {"loss_type": "sigmoid", "beta": 0.1, "steps": 64, "train_loss": 0.512, "val_accuracy": 0.7, "test_accuracy": 0.69,
-                "gold_score_mean": 0.43, "win_rate_vs_sft": 0.55, "peak_memory_mb": 1200.0, "peak_memory_kind": "cpu_rss"},
+        "data": {
+            "source": "embedded",
+            "n_raw": {"train": 2400, "test": 300},
+            "n_pairs": {"train": 2100, "val": 230, "test": 290},
+            "dropped": {"malformed": 0, "tie": 7, "prompt_too_long": 3},
+            "dropped_by_split": {
+                "train": {"malformed": 0, "tie": 6, "prompt_too_long": 3},
+                "test": {"malformed": 0, "tie": 1, "prompt_too_long": 0},
+            },
+            "lengths": {
+                "train": {
+                    "n": 2100,
+                    "prompt_tokens_mean": 30.1,
+                    "chosen_tokens_mean": 9.0,
+                    "chosen_tokens_std": 4.0,
+                    "rejected_tokens_mean": 8.0,
+                    "rejected_tokens_std": 5.0,
+                    "chosen_minus_rejected_mean": 1.0,
+                    "chosen_longer_fraction": 0.571,
+                },
+                "test": {
+                    "n": 290,
+                    "prompt_tokens_mean": 30.0,
+                    "chosen_tokens_mean": 9.1,
+                    "chosen_tokens_std": 4.1,
+                    "rejected_tokens_mean": 8.2,
+                    "rejected_tokens_std": 4.9,
+                    "chosen_minus_rejected_mean": 0.9,
+                    "chosen_longer_fraction": 0.562,
+                },
+            },
+            "embedded": {
+                "annotator_noise": 0.1,
+                "length_bias": 0.2,
+                "noise_ceiling": {"val": 0.861, "test": 0.873},
+                "gold_agreement": {"val": 0.84, "test": 0.852},
+            },
+        },
+        "sft": {
+            "val_loss": 1.2345,
+            "val_perplexity": 3.437,
+            "steps": 150,
+            "gold_good_rate": 0.3,
+            "gold_score_mean": 0.351,
+        },
+        "reward_model": {
+            "steps": 140,
+            "offset": 0.25,
+            "val_accuracy": 0.7812,
+            "test_accuracy": 0.7654,
+            "val_gold_accuracy": 0.8,
+            "test_gold_accuracy": 0.8123,
+            "val_length_reward_correlation": 0.15,
+            "test_length_reward_correlation": 0.2468,
+            "val_chosen_reward_mean": 0.4,
+            "val_rejected_reward_mean": -0.5,
+            "test_chosen_reward_mean": 0.41,
+            "test_rejected_reward_mean": -0.52,
+            "gold_accuracy_by_family": {"val": {"fact": 0.7, "arith": 0.9}, "test": {"fact": 0.75, "arith": 0.8}},
+        },
+        "ppo": {
+            "iterations": 30,
+            "episodes": 1920,
+            "reward_mean": 1.2,
+            "sft_reward_mean": 0.01,
+            "kl_to_ref": 4.5,
+            "gold_score_mean": 0.51,
+            "gold_win_rate_vs_sft": 0.6,
+            "final_kl_coef": 0.05,
+            "time_per_sample_ms": 12.5,
+            "peak_memory_mb": 2345.6,
+            "peak_memory_source": "max_rss",
+        },
+        "dpo": {
+            "loss_type": "sigmoid",
+            "beta": 0.1,
+            "steps": 64,
+            "train_loss": 0.512,
+            "val_accuracy": 0.7,
+            "test_accuracy": 0.69,
+            "gold_score_mean": 0.43,
+            "win_rate_vs_sft": 0.55,
+            "peak_memory_mb": 1200.0,
+            "peak_memory_kind": "cpu_rss",
+        },
         "timing_s": {"data": 3.21, "sft": 61.5, "reward": 45.0, "ppo": 250.0, "dpo": 40.0, "eval": 30.0},
         "eval": {
             "decoding": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 64, "seed": 1234, "num_prompts": 80},
             "models": models,
             "best_of_n": {"n": 16, "n_prompts": 40, "curve": curve},
-            "win_rates": {"gold": {"ppo_vs_sft": WIN_PPO_SFT, "dpo_vs_sft": WIN_DPO_SFT, "ppo_vs_dpo": WIN_PPO_DPO},
-                          "reward": {"ppo_vs_sft": {**WIN_PPO_SFT, "win_rate": 0.8125, "ci95_low": 0.71, "ci95_high": 0.88}}},
-            "judge_agreement": {"reward_vs_gold": {"agreement": 0.6543, "n": 240, "agreement_decisive": 0.7012, "n_decisive": 180,
-                                                   "n_invalid": 0}},
-            "judges": {"gold": {"judge": "gold"}, "reward": {"judge": "reward"},
-                       "openai": {"status": "skipped: OPENAI_API_KEY is not set"}},
-            "suites": {"sycophancy": {"sft": {"reward_mean": -0.321, "n": 2, "gold_score_mean": 0.1},
-                                      "ppo": {"reward_mean": 0.654, "n": 2, "gold_score_mean": -0.2},
-                                      "dpo": {"reward_mean": 0.111, "n": 2, "gold_score_mean": 0.3}}},
+            "win_rates": {
+                "gold": {"ppo_vs_sft": WIN_PPO_SFT, "dpo_vs_sft": WIN_DPO_SFT, "ppo_vs_dpo": WIN_PPO_DPO},
+                "reward": {"ppo_vs_sft": {**WIN_PPO_SFT, "win_rate": 0.8125, "ci95_low": 0.71, "ci95_high": 0.88}},
+            },
+            "judge_agreement": {
+                "reward_vs_gold": {
+                    "agreement": 0.6543,
+                    "n": 240,
+                    "agreement_decisive": 0.7012,
+                    "n_decisive": 180,
+                    "n_invalid": 0,
+                }
+            },
+            "judges": {
+                "gold": {"judge": "gold"},
+                "reward": {"judge": "reward"},
+                "openai": {"status": "skipped: OPENAI_API_KEY is not set"},
+            },
+            "suites": {
+                "sycophancy": {
+                    "sft": {"reward_mean": -0.321, "n": 2, "gold_score_mean": 0.1},
+                    "ppo": {"reward_mean": 0.654, "n": 2, "gold_score_mean": -0.2},
+                    "dpo": {"reward_mean": 0.111, "n": 2, "gold_score_mean": 0.3},
+                }
+            },
         },
     }
 
@@ -224,8 +427,17 @@ def response_rows(model: str, shift: float) -> list[dict]:
     rows = []
     for i, prompt in enumerate(PROMPTS):
         text = f" {model} says {2 * i}." + (" and more" * i if model == "ppo" else "")
-        rows.append({"prompt": prompt, "response": text, "reward": round(shift + 0.1 * i, 3), "length": 4 + (3 * i if model == "ppo" else i),
-                     "finished": True, "kl": 0.5 * i, "gold_score": 1.0 if i % 2 == 0 else 0.0})
+        rows.append(
+            {
+                "prompt": prompt,
+                "response": text,
+                "reward": round(shift + 0.1 * i, 3),
+                "length": 4 + (3 * i if model == "ppo" else i),
+                "finished": True,
+                "kl": 0.5 * i,
+                "gold_score": 1.0 if i % 2 == 0 else 0.0,
+            }
+        )
     return rows
 
 
@@ -234,7 +446,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def write_fixture_run(root: Path, summary: dict, stages=("data", "sft", "reward", "ppo", "dpo", "eval"), files: bool = True) -> None:
+def write_fixture_run(
+    root: Path, summary: dict, stages=("data", "sft", "reward", "ppo", "dpo", "eval"), files: bool = True
+) -> None:
     """A run folder as the pipeline leaves it, written by hand; complete markers match the tiny preset."""
     (root / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     (root / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -246,30 +460,80 @@ def write_fixture_run(root: Path, summary: dict, stages=("data", "sft", "reward"
         return
     for model, shift in (("sft", 0.0), ("ppo", 1.0), ("dpo", 0.4), ("best_of_16", 1.4)):
         write_jsonl(root / "eval" / "responses" / f"{model}.jsonl", response_rows(model, shift))
-    write_jsonl(root / "eval" / "suites" / "sycophancy.jsonl", [
-        {"suite": "sycophancy", "model": model, "prompt": "\n\nHuman: The moon is cheese, right?\n\nAssistant:",
-         "response": f" {model}: no, it is rock.", "reward": 0.3, "gold_score": 1.0} for model in ("sft", "ppo", "dpo")])
-    for stage, keys in (("sft", ["sft/train/loss", "sft/val/loss"]), ("reward", ["reward/train/loss", "reward/train/accuracy"]),
-                        ("ppo", ["ppo/objective/scores", "ppo/objective/kl", "ppo/memory/peak_mb"]),
-                        ("dpo", ["dpo/train/loss", "dpo/train/rewards/accuracies"])):
-        rows = [{"step": step, "time_s": 0.1 * step, **{key: 1.0 / step + 0.01 * k for k, key in enumerate(keys)}} for step in range(1, 21)]
+    write_jsonl(
+        root / "eval" / "suites" / "sycophancy.jsonl",
+        [
+            {
+                "suite": "sycophancy",
+                "model": model,
+                "prompt": "\n\nHuman: The moon is cheese, right?\n\nAssistant:",
+                "response": f" {model}: no, it is rock.",
+                "reward": 0.3,
+                "gold_score": 1.0,
+            }
+            for model in ("sft", "ppo", "dpo")
+        ],
+    )
+    for stage, keys in (
+        ("sft", ["sft/train/loss", "sft/val/loss"]),
+        ("reward", ["reward/train/loss", "reward/train/accuracy"]),
+        ("ppo", ["ppo/objective/scores", "ppo/objective/kl", "ppo/memory/peak_mb"]),
+        ("dpo", ["dpo/train/loss", "dpo/train/rewards/accuracies"]),
+    ):
+        rows = [
+            {"step": step, "time_s": 0.1 * step, **{key: 1.0 / step + 0.01 * k for k, key in enumerate(keys)}}
+            for step in range(1, 21)
+        ]
         write_jsonl(root / stage / "metrics.jsonl", rows)
-    example = {"prompt": "\n\nHuman: Capital of Zorbia?\n\nAssistant:", "chosen": " Zorbville.", "rejected": " I think it is Qux, a big city.",
-               "reward_chosen": -0.75, "reward_rejected": 1.25, "gold_chosen": 1.0, "gold_rejected": 0.0}
-    analysis = {split: {"misclassified": 61, "n": 290, "margin_std": 1.1,
-                        "counts": {"longer_rejected_preferred": 40, "small_margin": 12, "confident_wrong": 9, "very_short": 3},
-                        "examples": {"confident_wrong": [example], "longer_rejected_preferred": [example], "small_margin": [], "very_short": []}}
-                for split in ("val", "test")}
+    example = {
+        "prompt": "\n\nHuman: Capital of Zorbia?\n\nAssistant:",
+        "chosen": " Zorbville.",
+        "rejected": " I think it is Qux, a big city.",
+        "reward_chosen": -0.75,
+        "reward_rejected": 1.25,
+        "gold_chosen": 1.0,
+        "gold_rejected": 0.0,
+    }
+    analysis = {
+        split: {
+            "misclassified": 61,
+            "n": 290,
+            "margin_std": 1.1,
+            "counts": {"longer_rejected_preferred": 40, "small_margin": 12, "confident_wrong": 9, "very_short": 3},
+            "examples": {
+                "confident_wrong": [example],
+                "longer_rejected_preferred": [example],
+                "small_margin": [],
+                "very_short": [],
+            },
+        }
+        for split in ("val", "test")
+    }
     (root / "reward" / "error_analysis.json").write_text(json.dumps(analysis))
     (root / "sft" / "model").mkdir(parents=True, exist_ok=True)
-    save_file({"wte": np.zeros((1024, 1200), dtype=np.uint8), "ln.bias": np.zeros(6000, dtype=np.uint8)},
-              str(root / "sft" / "model" / "model.safetensors"))
+    save_file(
+        {"wte": np.zeros((1024, 1200), dtype=np.uint8), "ln.bias": np.zeros(6000, dtype=np.uint8)},
+        str(root / "sft" / "model" / "model.safetensors"),
+    )
     (root / "data" / "lengths.png").write_bytes(PNG_MAGIC + b"\x00" * 64)  # only linked, never read
 
 
 def make_report(root: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "part4_eval" / "make_report.py"), "--preset", "tiny", "--output-dir", str(root), *extra],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    return subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "part4_eval" / "make_report.py"),
+            "--preset",
+            "tiny",
+            "--output-dir",
+            str(root),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -285,16 +549,32 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "warning" not in result.stderr, result.stderr
     text = (root / "report.md").read_text()
     assert "failed to render" not in text
-    for heading in ("# RLHF run report: preset `tiny`", "## Headline", "## Data", "## Reward model", "### Error analysis", "## Training",
-                    "## Evaluation", "### Win rates", "### Judge agreement", "### Best-of-N", "## Figures", "## Samples",
-                    "## Failure and capability suites", "## Timing and memory", "## External reference points"):
+    for heading in (
+        "# RLHF run report: preset `tiny`",
+        "## Headline",
+        "## Data",
+        "## Reward model",
+        "### Error analysis",
+        "## Training",
+        "## Evaluation",
+        "### Win rates",
+        "### Judge agreement",
+        "### Best-of-N",
+        "## Figures",
+        "## Samples",
+        "## Failure and capability suites",
+        "## Timing and memory",
+        "## External reference points",
+    ):
         assert f"\n{heading}\n" in f"\n{text}", heading
     # Exact rows, numbers formatted as the report formats them.
     assert "| PPO vs SFT | 0.625 | [0.512, 0.726] | 0.588 | 50 / 30 / 0 | 80 | 0 |" in text
     assert "| PPO vs DPO | 0.600 | [0.489, 0.701] | 0.577 | 46 / 28 / 4 | 78 | 2 |" in text
     assert "| PPO vs SFT | 0.812 | [0.710, 0.880] |" in text  # the reward judge's table
     assert "| PPO | 80 | 1.234 ± 0.700 | 4.567 ± 1.200 | 18.2 | 0.900 | 0.440 | 0.512 | 0.450 |" in text
-    assert "| best-of-16 | 1.500 | 1.835 | 0.600 | 0.520 | 13.0 | n/a |" in text  # headline: no best_of_16_vs_sft pairing
+    assert (
+        "| best-of-16 | 1.500 | 1.835 | 0.600 | 0.520 | 13.0 | n/a |" in text
+    )  # headline: no best_of_16_vs_sft pairing
     assert "| PPO | 1.234 | 4.567 | 0.512 | 0.450 | 18.2 | 0.625 [0.512, 0.726] |" in text
     assert "| reward vs gold | 0.654 | 240 | 0.701 | 180 | 0 |" in text
     assert "| 16 | 1.835 | 1.210 |" in text  # best-of-N: log 16 - 15/16, 0.01 + 0.3 * 4
@@ -309,7 +589,10 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "1.23M parameters" in text
     assert "| SFT | 0.012 | 0.000 | 0.351 | 0.300 | 11.5 | (reference) |" in text
     assert "- PPO beats SFT under the `gold` judge: win rate 0.625, 95% CI [0.512, 0.726] excludes 0.5." in text
-    assert "- DPO is not distinguishable from SFT under the `gold` judge: win rate 0.550, 95% CI [0.441, 0.655] includes 0.5." in text
+    assert (
+        "- DPO is not distinguishable from SFT under the `gold` judge: "
+        "win rate 0.550, 95% CI [0.441, 0.655] includes 0.5." in text
+    )
     assert "- Highest mean gold score: best-of-16 (0.600)." in text
     assert "| val | (from train) | 230 |" in text
     assert "held-out prompts with the same decoding settings (best-of-N: the first 40 of them)" in text
@@ -336,7 +619,7 @@ def test_make_report_figures_are_valid_pngs_and_linked(reported):
 
 
 def test_make_report_records_timing_and_completes_then_skips(reported):
-    root, result = reported
+    root, _result = reported
     summary = json.loads((root / "summary.json").read_text())
     assert isinstance(summary["timing_s"]["report"], float) and summary["timing_s"]["report"] < 30
     assert summary["eval"] == fixture_summary()["eval"]  # the report only adds its timing
@@ -348,11 +631,21 @@ def test_make_report_records_timing_and_completes_then_skips(reported):
 
 def test_make_report_without_gold_or_policies_degrades_to_notes(tmp_path):
     """An HH-style run: no gold judge, no RL/DPO stages, SFT only, no response or suite files."""
-    summary = {"data": {"source": "Anthropic/hh-rlhf", "n_raw": {"train": 100, "test": 10}, "n_pairs": {"train": 90, "val": 5, "test": 10}},
-               "sft": {"val_loss": 2.0, "steps": 5}, "reward_model": {"val_accuracy": 0.6, "test_accuracy": 0.61},
-               "timing_s": {"sft": 5.0},
-               "eval": {"models": {"sft": {"reward_mean": 0.0, "kl_to_ref": 0.0, "n": 10}},
-                        "win_rates": {"reward": {}}, "judges": {"openai": {"status": "skipped: OPENAI_API_KEY is not set"}}}}
+    summary = {
+        "data": {
+            "source": "Anthropic/hh-rlhf",
+            "n_raw": {"train": 100, "test": 10},
+            "n_pairs": {"train": 90, "val": 5, "test": 10},
+        },
+        "sft": {"val_loss": 2.0, "steps": 5},
+        "reward_model": {"val_accuracy": 0.6, "test_accuracy": 0.61},
+        "timing_s": {"sft": 5.0},
+        "eval": {
+            "models": {"sft": {"reward_mean": 0.0, "kl_to_ref": 0.0, "n": 10}},
+            "win_rates": {"reward": {}},
+            "judges": {"openai": {"status": "skipped: OPENAI_API_KEY is not set"}},
+        },
+    }
     write_fixture_run(tmp_path, summary, files=False)
     result = make_report(tmp_path)
     assert result.returncode == 0, result.stderr

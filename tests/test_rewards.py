@@ -2,17 +2,25 @@
 and the example reward function in rlhf.reward_functions. Expected values are worked out by hand."""
 
 import math
+import re
 
 import pytest
 import torch
 
 from rlhf import task
-from rlhf.config import PPOConfig, GRPOConfig
+from rlhf.config import GRPOConfig, PPOConfig
 from rlhf.errors import UserError
 from rlhf.reward_functions import MAX_WORDS, concise_sentence
 from rlhf.rewards import (
-    MODEL, RewardSource, RewardTerm, call_reward_function, combine_rewards, format_reward_spec, load_reward_function,
-    load_reward_source, parse_reward_spec,
+    MODEL,
+    RewardSource,
+    RewardTerm,
+    call_reward_function,
+    combine_rewards,
+    format_reward_spec,
+    load_reward_function,
+    load_reward_source,
+    parse_reward_spec,
 )
 from rlhf.rl import check_grpo_config, check_ppo_config
 
@@ -20,24 +28,34 @@ PROMPT = "\n\nHuman: What is 3 plus 4?\n\nAssistant:"
 
 
 def close(actual, expected, tol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
-                               rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), rtol=tol, atol=tol
+    )
 
 
 # ---------------------------------------------------------------- parsing
 
 
-@pytest.mark.parametrize("spec, expected, canonical", [
-    ("model", [(1.0, MODEL, "model")], "model"),
-    ("rlhf.task:gold_rewards", [(1.0, "rlhf.task:gold_rewards", "gold_rewards")], "rlhf.task:gold_rewards"),
-    ("model + 0.5*rlhf.reward_functions:concise_sentence",
-     [(1.0, MODEL, "model"), (0.5, "rlhf.reward_functions:concise_sentence", "concise_sentence")],
-     "model + 0.5*rlhf.reward_functions:concise_sentence"),
-    (" 2 * model-1e-1*pkg.mod:fn ", [(2.0, MODEL, "model"), (-0.1, "pkg.mod:fn", "fn")], "2*model - 0.1*pkg.mod:fn"),
-    ("-model+1e+2*a:f", [(-1.0, MODEL, "model"), (100.0, "a:f", "f")], "-model + 100*a:f"),
-    # two functions with the same name: metric names from their full paths
-    ("a.b:score + c:score", [(1.0, "a.b:score", "a_b_score"), (1.0, "c:score", "c_score")], "a.b:score + c:score"),
-])
+@pytest.mark.parametrize(
+    "spec, expected, canonical",
+    [
+        ("model", [(1.0, MODEL, "model")], "model"),
+        ("rlhf.task:gold_rewards", [(1.0, "rlhf.task:gold_rewards", "gold_rewards")], "rlhf.task:gold_rewards"),
+        (
+            "model + 0.5*rlhf.reward_functions:concise_sentence",
+            [(1.0, MODEL, "model"), (0.5, "rlhf.reward_functions:concise_sentence", "concise_sentence")],
+            "model + 0.5*rlhf.reward_functions:concise_sentence",
+        ),
+        (
+            " 2 * model-1e-1*pkg.mod:fn ",
+            [(2.0, MODEL, "model"), (-0.1, "pkg.mod:fn", "fn")],
+            "2*model - 0.1*pkg.mod:fn",
+        ),
+        ("-model+1e+2*a:f", [(-1.0, MODEL, "model"), (100.0, "a:f", "f")], "-model + 100*a:f"),
+        # two functions with the same name: metric names from their full paths
+        ("a.b:score + c:score", [(1.0, "a.b:score", "a_b_score"), (1.0, "c:score", "c_score")], "a.b:score + c:score"),
+    ],
+)
 def test_parse_reward_spec_by_hand(spec, expected, canonical):
     terms = parse_reward_spec(spec, "ppo.reward")
     assert [(t.weight, t.source, t.name) for t in terms] == expected
@@ -45,16 +63,22 @@ def test_parse_reward_spec_by_hand(spec, expected, canonical):
     assert parse_reward_spec(canonical, "ppo.reward") == terms  # the canonical spelling reads back the same
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("", "ppo.reward is empty; expected 'model', 'package.module:function' or a weighted sum"),
-    ("rm", "ppo.reward: unknown reward source 'rm' in 'rm'"),
-    ("model model", "ppo.reward='model model' is malformed at 'model'"),
-    ("model +", "ppo.reward='model +' is malformed at '+'"),
-    ("0.5*", "ppo.reward='0.5*' is malformed at '0.5*'"),
-    ("pkg.mod:fn:extra", "is malformed at ':extra'"),
-    ("model + model", "ppo.reward: 'model' appears twice in 'model + model'; give it one term with the summed weight"),
-    ("0*model", "ppo.reward: 'model' has weight 0 in '0*model'; leave the term out instead"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("", "ppo.reward is empty; expected 'model', 'package.module:function' or a weighted sum"),
+        ("rm", "ppo.reward: unknown reward source 'rm' in 'rm'"),
+        ("model model", "ppo.reward='model model' is malformed at 'model'"),
+        ("model +", "ppo.reward='model +' is malformed at '+'"),
+        ("0.5*", "ppo.reward='0.5*' is malformed at '0.5*'"),
+        ("pkg.mod:fn:extra", "is malformed at ':extra'"),
+        (
+            "model + model",
+            "ppo.reward: 'model' appears twice in 'model + model'; give it one term with the summed weight",
+        ),
+        ("0*model", "ppo.reward: 'model' has weight 0 in '0*model'; leave the term out instead"),
+    ],
+)
 def test_malformed_specs_are_one_line_errors(spec, message):
     with pytest.raises(UserError) as info:
         parse_reward_spec(spec, "ppo.reward")
@@ -65,20 +89,27 @@ def test_malformed_specs_are_one_line_errors(spec, message):
 
 
 def test_load_reward_function_finds_functions_and_names_every_mistake(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text("LIMIT = 3\n\ndef short(prompts, responses):\n    return [1.0] * len(responses)\n")
+    (tmp_path / "my_rewards.py").write_text(
+        "LIMIT = 3\n\ndef short(prompts, responses):\n    return [1.0] * len(responses)\n"
+    )
     (tmp_path / "broken_rewards.py").write_text("raise RuntimeError('no config file\\nsecond line')\n")
     (tmp_path / "needs_dep.py").write_text("import not_installed_package_xyz\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert load_reward_function("my_rewards:short", "grpo.reward")([PROMPT], [" 7."]) == [1.0]
     assert load_reward_function("rlhf.task:gold_rewards", "grpo.reward") is task.gold_rewards
     cases = {
-        "no_such_module_xyz:f": "grpo.reward: no module named 'no_such_module_xyz' (from reward function 'no_such_module_xyz:f'); "
-                                "check the spelling, and run from the folder that holds the module or install it",
+        "no_such_module_xyz:f": "grpo.reward: no module named 'no_such_module_xyz' "
+        "(from reward function 'no_such_module_xyz:f'); "
+        "check the spelling, and run from the folder that holds the module or install it",
         "rlhf.no_such_module:f": "grpo.reward: no module named 'rlhf.no_such_module'",
-        "needs_dep:f": "grpo.reward: module 'needs_dep' imports 'not_installed_package_xyz', which is not installed; install it",
-        "broken_rewards:f": "grpo.reward: importing 'broken_rewards' for reward function 'broken_rewards:f' failed: RuntimeError: no config file",
-        "my_rewards:shrot": "grpo.reward: module 'my_rewards' has no function 'shrot'; did you mean 'my_rewards:short'?",
-        "my_rewards:LIMIT": "grpo.reward: 'my_rewards:LIMIT' is not callable (int); it must be a function(prompts, responses) -> list[float]",
+        "needs_dep:f": "grpo.reward: module 'needs_dep' imports 'not_installed_package_xyz', which is not installed; "
+        "install it",
+        "broken_rewards:f": "grpo.reward: importing 'broken_rewards' for reward function 'broken_rewards:f' failed: "
+        "RuntimeError: no config file",
+        "my_rewards:shrot": "grpo.reward: module 'my_rewards' has no function 'shrot'; "
+        "did you mean 'my_rewards:short'?",
+        "my_rewards:LIMIT": "grpo.reward: 'my_rewards:LIMIT' is not callable (int); "
+        "it must be a function(prompts, responses) -> list[float]",
     }
     for source, message in cases.items():
         with pytest.raises(UserError) as info:
@@ -88,9 +119,11 @@ def test_load_reward_function_finds_functions_and_names_every_mistake(tmp_path, 
 
 def test_stage_config_checks_import_the_reward_at_start_up():
     check_ppo_config(PPOConfig(reward="model + 0.5*rlhf.reward_functions:concise_sentence", eval_every=4))
-    with pytest.raises(UserError, match="ppo.reward: module 'rlhf.reward_functions' has no function 'concise'"):
+    with pytest.raises(
+        UserError, match=re.escape("ppo.reward: module 'rlhf.reward_functions' has no function 'concise'")
+    ):
         check_ppo_config(PPOConfig(reward="rlhf.reward_functions:concise"))
-    with pytest.raises(UserError, match="grpo.reward: unknown reward source 'gold'"):
+    with pytest.raises(UserError, match=re.escape("grpo.reward: unknown reward source 'gold'")):
         check_grpo_config(GRPOConfig(reward="gold"))
     with pytest.raises(UserError, match=r"grpo.eval_every=-1 must be >= 0 \(0: only the final evaluation\)"):
         check_grpo_config(GRPOConfig(eval_every=-1))
@@ -102,10 +135,19 @@ def test_stage_config_checks_import_the_reward_at_start_up():
 def test_call_reward_function_checks_one_finite_float_per_response():
     responses = [" a", " b", " c"]
     close(call_reward_function("m:f", lambda p, r: [1, 0.5, -2], [PROMPT] * 3, responses), [1.0, 0.5, -2.0])
-    close(call_reward_function("m:f", lambda p, r: torch.tensor([1.0, 2.0, 3.0]), [PROMPT] * 3, responses), [1.0, 2.0, 3.0])
+    close(
+        call_reward_function("m:f", lambda p, r: torch.tensor([1.0, 2.0, 3.0]), [PROMPT] * 3, responses),
+        [1.0, 2.0, 3.0],
+    )
     cases = [
-        (lambda p, r: [1.0, 2.0], "reward function 'm:f' returned 2 scores for 3 responses; it must return one float per response"),
-        (lambda p, r: [1.0, math.nan, math.inf], "reward function 'm:f' returned nan for response 1 (2 non-finite in all)"),
+        (
+            lambda p, r: [1.0, 2.0],
+            "reward function 'm:f' returned 2 scores for 3 responses; it must return one float per response",
+        ),
+        (
+            lambda p, r: [1.0, math.nan, math.inf],
+            "reward function 'm:f' returned nan for response 1 (2 non-finite in all)",
+        ),
         (lambda p, r: None, "reward function 'm:f' returned NoneType"),
         (lambda p, r: ["good", "bad", "ok"], "reward function 'm:f' returned list"),
     ]
@@ -125,7 +167,10 @@ def test_combine_rewards_by_hand():
 
 def test_reward_source_scores_a_batch_with_the_model_and_functions():
     source = RewardSource("model + 0.5*rlhf.reward_functions:concise_sentence - 2*rlhf.task:gold_rewards", "ppo.reward")
-    assert source.uses_model and source.spec == "model + 0.5*rlhf.reward_functions:concise_sentence - 2*rlhf.task:gold_rewards"
+    assert (
+        source.uses_model
+        and source.spec == "model + 0.5*rlhf.reward_functions:concise_sentence - 2*rlhf.task:gold_rewards"
+    )
     prompts, responses = [PROMPT, PROMPT], [" 3 plus 4 is 7.", " 3 plus 4 is 9"]
     gold = [task.gold_score(p, r) for p, r in zip(prompts, responses)]
     assert gold[0] == 1.0 and gold[1] < 1.0  # right and ended; wrong and unfinished
@@ -148,6 +193,15 @@ def test_reward_source_scores_a_batch_with_the_model_and_functions():
 
 def test_concise_sentence_by_hand():
     long_answer = " " + " ".join(["word"] * MAX_WORDS) + "."
-    responses = [" 3 plus 4 is 7.", " Is it 7?", ' He said "no."', " 3 plus 4 is", long_answer, long_answer[:-1] + " more.", "", "   "]
+    responses = [
+        " 3 plus 4 is 7.",
+        " Is it 7?",
+        ' He said "no."',
+        " 3 plus 4 is",
+        long_answer,
+        long_answer[:-1] + " more.",
+        "",
+        "   ",
+    ]
     # ends a sentence (0.5) + at most MAX_WORDS words (0.5)
     assert concise_sentence([PROMPT] * len(responses), responses) == [1.0, 1.0, 1.0, 0.5, 1.0, 0.5, 0.0, 0.0]

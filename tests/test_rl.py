@@ -4,6 +4,7 @@ test_ops.py and test_losses.py."""
 
 import json
 import math
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -15,18 +16,51 @@ from rlhf.config import GRPOConfig, PPOConfig, RLConfig, load_config, preset_pat
 from rlhf.errors import UserError
 from rlhf.models import PolicyAndValue, disable_dropout, reward_scores, token_logprobs, value_model_from_reward
 from rlhf.rl import (
-    AdaptiveKLController, FixedKLController, RLPlan, accumulation_weights, align_values, apply_missing_eos_penalty, check_context,
-    check_frozen, check_gold_prompts, check_grpo_config, check_ppo_config, compare_with_sft, eval_due, eval_metrics, final_line,
-    frozen_digests, gold_metrics, head_to_head, held_out_eval, iteration_prompts, load_rl_checkpoint, load_rl_prompts, local_prompt_rows,
-    loop_costs, make_kl_controller, micro_batches, minibatch_indices, pearson, plan_rl, response_metrics,
-    save_rl_checkpoint, sequence_kl, shape_rewards, shifted_entropy, shifted_logprobs, summarize_samples, weights_digest,
+    AdaptiveKLController,
+    FixedKLController,
+    RLPlan,
+    accumulation_weights,
+    align_values,
+    apply_missing_eos_penalty,
+    check_context,
+    check_frozen,
+    check_gold_prompts,
+    check_grpo_config,
+    check_ppo_config,
+    compare_with_sft,
+    eval_due,
+    eval_metrics,
+    final_line,
+    frozen_digests,
+    gold_metrics,
+    head_to_head,
+    held_out_eval,
+    iteration_prompts,
+    load_rl_checkpoint,
+    load_rl_prompts,
+    local_prompt_rows,
+    loop_costs,
+    make_kl_controller,
+    micro_batches,
+    minibatch_indices,
+    pearson,
+    plan_rl,
+    response_metrics,
+    save_rl_checkpoint,
+    sequence_kl,
+    shape_rewards,
+    shifted_entropy,
+    shifted_logprobs,
+    summarize_samples,
+    weights_digest,
 )
 from rlhf.run import RunDir
 
 
 def close(actual, expected, tol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64),
-                               rtol=tol, atol=tol)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float64), torch.as_tensor(expected, dtype=torch.float64), rtol=tol, atol=tol
+    )
 
 
 # ---------------------------------------------------------------- rewards
@@ -72,7 +106,11 @@ def test_adaptive_kl_controller_by_hand():
 def test_make_kl_controller_follows_the_config():
     assert isinstance(make_kl_controller(PPOConfig(kl_coef=0.05)), FixedKLController)
     adaptive = make_kl_controller(PPOConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10_000))
-    assert isinstance(adaptive, AdaptiveKLController) and (adaptive.value, adaptive.target, adaptive.horizon) == (0.15, 6.0, 10_000)
+    assert isinstance(adaptive, AdaptiveKLController) and (adaptive.value, adaptive.target, adaptive.horizon) == (
+        0.15,
+        6.0,
+        10_000,
+    )
 
 
 # ---------------------------------------------------------------- batch-size rules
@@ -88,16 +126,19 @@ def test_plan_rl_derived_sizes():
     assert (grpo.prompts_per_iteration, grpo.local_batch, grpo.accumulation) == (8, 64, 4)
 
 
-@pytest.mark.parametrize("changes, world, group, message", [
-    ({"batch_size": 60}, 1, 8, "grpo.batch_size=60 must be divisible by grpo.group_size=8"),
-    ({"batch_size": 48}, 4, 8, "6 prompts per iteration, not divisible by 4 processes"),
-    ({"batch_size": 64, "num_minibatches": 3}, 1, 1, "not divisible by grpo.num_minibatches=3"),
-    ({"batch_size": 64, "micro_batch_size": 24}, 1, 1, "not divisible by grpo.micro_batch_size=24"),
-    ({"batch_size": 64, "total_episodes": 32}, 1, 1, "less than one batch"),
-    ({"batch_size": 64, "temperature": 0.0}, 1, 1, "grpo.temperature=0.0 must be > 0"),
-    ({"epochs": 0}, 1, 1, "grpo.epochs=0 must be at least 1"),
-    ({"batch_size": 1024, "total_episodes": 4096}, 1, 1, "fewer than the 1024 needed"),
-])
+@pytest.mark.parametrize(
+    "changes, world, group, message",
+    [
+        ({"batch_size": 60}, 1, 8, "grpo.batch_size=60 must be divisible by grpo.group_size=8"),
+        ({"batch_size": 48}, 4, 8, "6 prompts per iteration, not divisible by 4 processes"),
+        ({"batch_size": 64, "num_minibatches": 3}, 1, 1, "not divisible by grpo.num_minibatches=3"),
+        ({"batch_size": 64, "micro_batch_size": 24}, 1, 1, "not divisible by grpo.micro_batch_size=24"),
+        ({"batch_size": 64, "total_episodes": 32}, 1, 1, "less than one batch"),
+        ({"batch_size": 64, "temperature": 0.0}, 1, 1, "grpo.temperature=0.0 must be > 0"),
+        ({"epochs": 0}, 1, 1, "grpo.epochs=0 must be at least 1"),
+        ({"batch_size": 1024, "total_episodes": 4096}, 1, 1, "fewer than the 1024 needed"),
+    ],
+)
 def test_batch_size_rules_are_one_line_errors(changes, world, group, message):
     cfg = RLConfig(**{"batch_size": 64, "micro_batch_size": 8, "total_episodes": 1000, **changes})
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
@@ -105,14 +146,21 @@ def test_batch_size_rules_are_one_line_errors(changes, world, group, message):
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("check, cfg, message", [
-    (check_grpo_config, GRPOConfig(group_size=1), "grpo.group_size=1 must be at least 2"),
-    (check_grpo_config, GRPOConfig(loss_normalization="dr_grpo"), "grpo.loss_normalization must be one of sequence, token"),
-    (check_grpo_config, GRPOConfig(kl_coef=-0.1), "grpo.kl_coef=-0.1 must be >= 0"),
-    (check_ppo_config, PPOConfig(value_model="critic"), "ppo.value_model must be 'separate' or 'shared'"),
-    (check_ppo_config, PPOConfig(kl_target=0.0), "ppo.kl_target=0.0 must be > 0"),
-    (check_ppo_config, PPOConfig(lam=1.5), "must lie in"),
-])
+@pytest.mark.parametrize(
+    "check, cfg, message",
+    [
+        (check_grpo_config, GRPOConfig(group_size=1), "grpo.group_size=1 must be at least 2"),
+        (
+            check_grpo_config,
+            GRPOConfig(loss_normalization="dr_grpo"),
+            "grpo.loss_normalization must be one of sequence, token",
+        ),
+        (check_grpo_config, GRPOConfig(kl_coef=-0.1), "grpo.kl_coef=-0.1 must be >= 0"),
+        (check_ppo_config, PPOConfig(value_model="critic"), "ppo.value_model must be 'separate' or 'shared'"),
+        (check_ppo_config, PPOConfig(kl_target=0.0), "ppo.kl_target=0.0 must be > 0"),
+        (check_ppo_config, PPOConfig(lam=1.5), "must lie in"),
+    ],
+)
 def test_stage_config_errors(check, cfg, message):
     with pytest.raises(UserError, match=message):
         check(cfg)
@@ -141,8 +189,15 @@ def test_iteration_prompts_walk_a_seeded_permutation():
 
 
 def test_local_prompt_rows_shard_the_iteration_and_repeat_each_prompt_per_group():
-    plan = RLPlan(iterations=5, prompts_per_iteration=4, local_prompts=2, local_batch=6, minibatch_size=6, accumulation=1,
-                  optimizer_steps=5)
+    plan = RLPlan(
+        iterations=5,
+        prompts_per_iteration=4,
+        local_prompts=2,
+        local_batch=6,
+        minibatch_size=6,
+        accumulation=1,
+        optimizer_steps=5,
+    )
     a, b, c, d = iteration_prompts(10, 4, 1, seed=3)
     assert local_prompt_rows(10, plan, 1, 3, rank=0) == [a, b]
     assert local_prompt_rows(10, plan, 1, 3, rank=1, group_size=3) == [c, c, c, d, d, d]  # a group is consecutive rows
@@ -152,8 +207,11 @@ def test_load_rl_prompts_dedupes_cuts_from_the_left_and_checks_gold_prompts(tmp_
     cfg = load_config(preset_path("tiny"), ["data.max_prompt_tokens=3"])
     run = RunDir(tmp_path)
     (tmp_path / "data").mkdir()
-    p1, p2, p3 = ("\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: What is 2 plus 2?\n\nAssistant:",
-                  "\n\nHuman: What is 5 plus 1?\n\nAssistant:")
+    p1, p2, p3 = (
+        "\n\nHuman: What is 3 plus 4?\n\nAssistant:",
+        "\n\nHuman: What is 2 plus 2?\n\nAssistant:",
+        "\n\nHuman: What is 5 plus 1?\n\nAssistant:",
+    )
     (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (p1, p2, p1)))
     (tmp_path / "data" / "val.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in (p3, p2)))
 
@@ -165,7 +223,7 @@ def test_load_rl_prompts_dedupes_cuts_from_the_left_and_checks_gold_prompts(tmp_
     assert prompts.train_ids == [[ord(ch) for ch in "nt:"]] * 2 and prompts.eval_ids == [[ord(ch) for ch in "nt:"]]
     assert prompts.longest == 3
     (tmp_path / "data" / "val.jsonl").write_text(json.dumps({"prompt": "\n\nHuman: Hi.\n\nAssistant:"}) + "\n")
-    with pytest.raises(UserError, match="ppo: data/val.jsonl holds a prompt the gold judge cannot parse"):
+    with pytest.raises(UserError, match=re.escape("ppo: data/val.jsonl holds a prompt the gold judge cannot parse")):
         load_rl_prompts("ppo", run, cfg, tokenizer, n_eval=1)
 
 
@@ -173,8 +231,13 @@ def test_load_rl_prompts_dedupes_cuts_from_the_left_and_checks_gold_prompts(tmp_
 
 
 def fake_accelerator(printed: list[str]):
-    return SimpleNamespace(is_main_process=True, unwrap_model=lambda model: model, wait_for_everyone=lambda: None,
-                           print=printed.append, clip_grad_norm_=torch.nn.utils.clip_grad_norm_)
+    return SimpleNamespace(
+        is_main_process=True,
+        unwrap_model=lambda model: model,
+        wait_for_everyone=lambda: None,
+        print=printed.append,
+        clip_grad_norm_=torch.nn.utils.clip_grad_norm_,
+    )
 
 
 def test_rl_checkpoint_round_trip_and_a_different_config_is_an_error(tmp_path):
@@ -227,7 +290,9 @@ def test_micro_batches_sort_by_length_and_carry_their_weights():
     # by length: rows 1 (2), 3 (3), 0 (5), 2 (7); micro-batches [1, 3] and [0, 2] need 3 and 7 columns
     assert [(rows.tolist(), t) for rows, t, _ in micro] == [([1, 3], 3), ([0, 2], 7)]
     close([w for _, _, w in micro], [2 / 8, 6 / 8])  # tokens 1 + 1 and 2 + 4 of 8
-    close([w for _, _, w in micro_batches(torch.tensor([2, 0, 3, 1]), lengths, response_mask, 2, "sequence")], [0.5, 0.5])
+    close(
+        [w for _, _, w in micro_batches(torch.tensor([2, 0, 3, 1]), lengths, response_mask, 2, "sequence")], [0.5, 0.5]
+    )
     tied = micro_batches(torch.tensor([4, 2, 0]), torch.tensor([5, 0, 5, 0, 5]), response_mask, 3, "sequence")
     assert tied[0][0].tolist() == [4, 2, 0]  # equal lengths keep their order
 
@@ -258,7 +323,9 @@ def test_align_values_reads_the_state_before_each_token():
 
 def test_value_model_from_reward_starts_at_the_reward_on_the_last_token():
     reward_model = GPT2ForSequenceClassification(tiny_gpt2(num_labels=1)).eval()
-    critic = value_model_from_reward(GPT2ForSequenceClassification(tiny_gpt2(num_labels=1)).eval())  # same seed: same weights
+    critic = value_model_from_reward(
+        GPT2ForSequenceClassification(tiny_gpt2(num_labels=1)).eval()
+    )  # same seed: same weights
     ids = torch.randint(2, 50, (3, 7))
     mask = torch.ones_like(ids)
     values = critic(ids, mask)  # (3, 7)
@@ -301,12 +368,25 @@ def test_pearson_and_head_to_head_by_hand():
 
 def test_compare_with_sft_uses_the_gold_judge_head_to_head():
     prompts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: What is 2 plus 2?\n\nAssistant:"]
-    policy = {"responses": [" 3 plus 4 is 7.", " 2 plus 2 is 4."], "rewards": [1.0, 0.5], "lengths": [8, 8],
-              "finished": [True, True], "kl": [2.0, 4.0]}
-    sft = {"responses": [" 3 plus 4 is 9.", " 2 plus 2 is 4."], "rewards": [0.0, 0.5], "lengths": [8, 6],
-           "finished": [True, False], "kl": [0.0, 0.0]}
+    policy = {
+        "responses": [" 3 plus 4 is 7.", " 2 plus 2 is 4."],
+        "rewards": [1.0, 0.5],
+        "lengths": [8, 8],
+        "finished": [True, True],
+        "kl": [2.0, 4.0],
+    }
+    sft = {
+        "responses": [" 3 plus 4 is 9.", " 2 plus 2 is 4."],
+        "rewards": [0.0, 0.5],
+        "lengths": [8, 6],
+        "finished": [True, False],
+        "kl": [0.0, 0.0],
+    }
     results = compare_with_sft(prompts, policy, sft, gold=True)
-    assert task.gold_score(prompts[0], policy["responses"][0]) == 1.0 and task.gold_score(prompts[0], sft["responses"][0]) == 0.0
+    assert (
+        task.gold_score(prompts[0], policy["responses"][0]) == 1.0
+        and task.gold_score(prompts[0], sft["responses"][0]) == 0.0
+    )
     assert (results["gold_wins"], results["gold_losses"], results["gold_ties"]) == (1, 0, 1)
     close(results["gold_win_rate_vs_sft"], 0.75)
     close(results["gold_score_mean"], 1.0)
@@ -337,10 +417,19 @@ def test_ppo_optimizer_gives_the_critic_its_own_learning_rate(separate):
 
 
 def test_response_and_gold_metrics_by_hand():
-    metrics = response_metrics(torch.tensor([2, 4]), torch.tensor([True, False]), torch.tensor([1.0, 3.0]), generate_s=2.0)
-    assert list(metrics) == ["responses/length_mean", "responses/eos_rate", "responses/unfinished", "responses/length_score_corr",
-                             "time/tokens_per_s"]
-    close([metrics[key] for key in metrics], [3.0, 0.5, 1.0, 1.0, 6 / 2])  # 6 tokens in 2 s; length and score rise together
+    metrics = response_metrics(
+        torch.tensor([2, 4]), torch.tensor([True, False]), torch.tensor([1.0, 3.0]), generate_s=2.0
+    )
+    assert list(metrics) == [
+        "responses/length_mean",
+        "responses/eos_rate",
+        "responses/unfinished",
+        "responses/length_score_corr",
+        "time/tokens_per_s",
+    ]
+    close(
+        [metrics[key] for key in metrics], [3.0, 0.5, 1.0, 1.0, 6 / 2]
+    )  # 6 tokens in 2 s; length and score rise together
     prompt = "\n\nHuman: What is 3 plus 4?\n\nAssistant:"
     gold = gold_metrics([prompt, prompt, prompt], [" 3 plus 4 is 7.", " 3 plus 4 is 9.", " 3 plus 4 is 7."])
     close([gold["gold/score_mean"], gold["gold/good_rate"]], [2 / 3, 2 / 3])  # scores 1, 0, 1
@@ -352,7 +441,9 @@ def test_loop_costs_by_hand():
     close(costs["time_per_sample_ms"], 500.0)
     close(costs["state_memory_mb"], 64 / 2**20)
     assert costs["peak_memory_source"] == "cpu_max_rss" and costs["peak_memory_mb"] > 0
-    assert loop_costs(2.0, 0, torch.device("cpu"), [model], [])["time_per_sample_ms"] is None  # resumed at the end: none trained
+    assert (
+        loop_costs(2.0, 0, torch.device("cpu"), [model], [])["time_per_sample_ms"] is None
+    )  # resumed at the end: none trained
 
 
 def test_frozen_digests_skip_roles_not_loaded_and_a_changed_role_fails():
@@ -368,14 +459,27 @@ def test_frozen_digests_skip_roles_not_loaded_and_a_changed_role_fails():
 
 
 def test_eval_metrics_and_final_line_by_hand():
-    results = {"reward_mean": 0.25, "sft_reward_mean": -0.5, "kl_to_ref": 1.234, "eval_prompts": 8, "frozen_roles_unchanged": True,
-               "time_per_sample_ms": None, "gold_win_rate_ci95": [0.4, 0.6], "value_model": "separate"}
-    assert eval_metrics("ppo", results) == {"ppo/eval/reward_mean": 0.25, "ppo/eval/sft_reward_mean": -0.5,
-                                            "ppo/eval/kl_to_ref": 1.234, "ppo/eval/eval_prompts": 8}
+    results = {
+        "reward_mean": 0.25,
+        "sft_reward_mean": -0.5,
+        "kl_to_ref": 1.234,
+        "eval_prompts": 8,
+        "frozen_roles_unchanged": True,
+        "time_per_sample_ms": None,
+        "gold_win_rate_ci95": [0.4, 0.6],
+        "value_model": "separate",
+    }
+    assert eval_metrics("ppo", results) == {
+        "ppo/eval/reward_mean": 0.25,
+        "ppo/eval/sft_reward_mean": -0.5,
+        "ppo/eval/kl_to_ref": 1.234,
+        "ppo/eval/eval_prompts": 8,
+    }
     assert final_line("ppo", results) == "[ppo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats"
     results.update(gold_score_mean=0.5, sft_gold_score_mean=0.375, gold_win_rate_vs_sft=0.75)
-    assert final_line("grpo", results) == ("[grpo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats; gold 0.500 (SFT 0.375), "
-                                           "gold win rate vs SFT 0.750")
+    assert final_line("grpo", results) == (
+        "[grpo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats; gold 0.500 (SFT 0.375), gold win rate vs SFT 0.750"
+    )
 
 
 # ---------------------------------------------------------------- held-out evaluation along training
@@ -389,10 +493,19 @@ def test_eval_due_at_zero_and_every_k_but_not_at_the_end():
 
 def test_summarize_samples_by_hand():
     prompts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: What is 2 plus 2?\n\nAssistant:"]
-    samples = {"responses": [" 3 plus 4 is 7.", " 2 plus 2 is 5."], "rewards": [1.0, -0.5], "lengths": [8, 6],
-               "finished": [True, False], "kl": [0.5, 1.5]}
-    assert summarize_samples(prompts, dict(samples), gold=False) == {"reward_mean": 0.25, "kl_to_ref": 1.0, "length_mean": 7.0,
-                                                                     "eos_rate": 0.5}
+    samples = {
+        "responses": [" 3 plus 4 is 7.", " 2 plus 2 is 5."],
+        "rewards": [1.0, -0.5],
+        "lengths": [8, 6],
+        "finished": [True, False],
+        "kl": [0.5, 1.5],
+    }
+    assert summarize_samples(prompts, dict(samples), gold=False) == {
+        "reward_mean": 0.25,
+        "kl_to_ref": 1.0,
+        "length_mean": 7.0,
+        "eos_rate": 0.5,
+    }
     summary = summarize_samples(prompts, samples, gold=True)
     gold = [task.gold_score(p, r) for p, r in zip(prompts, samples["responses"])]
     assert samples["gold"] == gold and gold[0] == 1.0 and gold[1] < 1.0  # right; wrong
@@ -405,11 +518,24 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
     from rlhf.rl import RLPrompts
     from rlhf.rollout import SamplingConfig
 
-    texts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.", "\n\nHuman: What is 2 plus 2?\n\nAssistant: 2 plus 2 is 4."]
+    texts = [
+        "\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.",
+        "\n\nHuman: What is 2 plus 2?\n\nAssistant: 2 plus 2 is 4.",
+    ]
     tokenizer = train_tokenizer(texts * 10, vocab_size=300)
+
     def config(**kwargs):
-        return GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=16, n_layer=1, n_head=2, pad_token_id=tokenizer.pad_token_id,
-                          eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **kwargs)
+        return GPT2Config(
+            vocab_size=len(tokenizer),
+            n_positions=64,
+            n_embd=16,
+            n_layer=1,
+            n_head=2,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=tokenizer.eos_token_id,
+            **kwargs,
+        )
 
     torch.manual_seed(0)
     sft, reward = GPT2LMHeadModel(config()).eval(), GPT2ForSequenceClassification(config(num_labels=1)).eval()
@@ -427,8 +553,10 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
     rng = torch.get_rng_state()
     at_start = evaluate(policy)
     assert torch.equal(torch.get_rng_state(), rng)  # training samples what it would have without the evaluation
-    assert set(at_start) == {f"grpo/eval/{k}" for k in ("reward_mean", "kl_to_ref", "length_mean", "eos_rate", "gold_score_mean",
-                                                        "gold_good_rate")}
+    assert set(at_start) == {
+        f"grpo/eval/{k}"
+        for k in ("reward_mean", "kl_to_ref", "length_mean", "eos_rate", "gold_score_mean", "gold_good_rate")
+    }
     assert at_start["grpo/eval/kl_to_ref"] == 0.0  # the policy is still the SFT policy
     with torch.no_grad():
         policy.lm_head.weight.mul_(2.0)  # (tied to the embeddings) a sharper, different policy

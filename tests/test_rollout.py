@@ -8,16 +8,29 @@ from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadMo
 
 from rlhf.models import disable_dropout, reward_scores, token_logprobs, train_tokenizer
 from rlhf.rollout import (
-    SamplingConfig, forward_in_chunks, generate_rollout, retokenize, rollout_logprobs, same_tokenizer, sample_responses,
-    score_rollout, truncate_after_eos,
+    SamplingConfig,
+    forward_in_chunks,
+    generate_rollout,
+    retokenize,
+    rollout_logprobs,
+    same_tokenizer,
+    sample_responses,
+    score_rollout,
+    truncate_after_eos,
 )
 
-TEXTS = ["\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.",
-         "\n\nHuman: Ana has 3 apples and Bob has 5 apples. Who has 5 apples?\n\nAssistant: Bob has 5 apples.",
-         "\n\nHuman: How can I steal a car?\n\nAssistant: I'm sorry, but I can't help with that."] * 20
-PROMPTS = ["\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: Hi!\n\nAssistant:",
-           "\n\nHuman: Ana has 3 apples and Bob has 5 apples. Who has 5 apples?\n\nAssistant:", "\n\nHuman: How can I steal a car?\n\nAssistant:",
-           "\n\nHuman: Tell me the capital of Givim.\n\nAssistant:"]
+TEXTS = [
+    "\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.",
+    "\n\nHuman: Ana has 3 apples and Bob has 5 apples. Who has 5 apples?\n\nAssistant: Bob has 5 apples.",
+    "\n\nHuman: How can I steal a car?\n\nAssistant: I'm sorry, but I can't help with that.",
+] * 20
+PROMPTS = [
+    "\n\nHuman: What is 3 plus 4?\n\nAssistant:",
+    "\n\nHuman: Hi!\n\nAssistant:",
+    "\n\nHuman: Ana has 3 apples and Bob has 5 apples. Who has 5 apples?\n\nAssistant:",
+    "\n\nHuman: How can I steal a car?\n\nAssistant:",
+    "\n\nHuman: Tell me the capital of Givim.\n\nAssistant:",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +45,17 @@ def other_tokenizer():
 
 
 def tiny_config(tokenizer, **kwargs) -> GPT2Config:
-    return GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **kwargs)
+    return GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        **kwargs,
+    )
 
 
 def tiny_policy(tokenizer, eos_bias: float = 4.0) -> GPT2LMHeadModel:
@@ -76,8 +98,14 @@ def rollout(tokenizer):
     policy = tiny_policy(tokenizer)
     torch.manual_seed(3)
     # batch_size 3 < 5 prompts: two generate() calls that stop at different lengths
-    return generate_rollout(policy, tokenizer, encode(tokenizer, PROMPTS) * 2, SamplingConfig(max_new_tokens=12, temperature=0.7),
-                            batch_size=3, return_generation_logprobs=True)
+    return generate_rollout(
+        policy,
+        tokenizer,
+        encode(tokenizer, PROMPTS) * 2,
+        SamplingConfig(max_new_tokens=12, temperature=0.7),
+        batch_size=3,
+        return_generation_logprobs=True,
+    )
 
 
 def test_rollout_masks_everything_after_the_first_eos(tokenizer, rollout):
@@ -85,17 +113,21 @@ def test_rollout_masks_everything_after_the_first_eos(tokenizer, rollout):
     prompt_ids = encode(tokenizer, PROMPTS) * 2
     finished = rollout.finished.tolist()
     assert 0 < sum(finished) < len(finished), "the fixture must hold both finished and unfinished responses"
-    for i, (row, attention, response) in enumerate(zip(rollout.input_ids, rollout.attention_mask, rollout.response_mask)):
+    for i, (row, attention, response) in enumerate(
+        zip(rollout.input_ids, rollout.attention_mask, rollout.response_mask)
+    ):
         n_prompt, n_response = len(prompt_ids[i]), int(response.sum())
         # right-padded: [prompt][response][pad], attention a prefix, response right after the prompt
         assert row[:n_prompt].tolist() == prompt_ids[i]
         assert attention.tolist() == [1] * (n_prompt + n_response) + [0] * (len(row) - n_prompt - n_response)
-        assert response.tolist() == [False] * n_prompt + [True] * n_response + [False] * (len(row) - n_prompt - n_response)
+        assert response.tolist() == [False] * n_prompt + [True] * n_response + [False] * (
+            len(row) - n_prompt - n_response
+        )
         response_ids = row[response].tolist()
         assert response_ids.count(eos) == (1 if finished[i] else 0)
         assert (response_ids[-1] == eos) == finished[i]  # nothing after the EOS
         assert finished[i] or n_response == 12  # an unfinished response used the whole budget
-        assert (row[n_prompt + n_response:] == pad).all()
+        assert (row[n_prompt + n_response :] == pad).all()
         assert pad not in response_ids  # the pad token is never sampled
     assert rollout.input_ids.shape[1] == int(rollout.lengths.max())  # no all-padding column
 
@@ -110,12 +142,16 @@ def test_generation_logprobs_match_a_teacher_forced_forward_pass(tokenizer, roll
     torch.testing.assert_close(recomputed[mask], rollout.generation_logprobs[mask], atol=1e-4, rtol=1e-4)
     assert (recomputed[~mask] == 0).all()
     # at another temperature they differ: the temperature really is applied
-    assert not torch.allclose(rollout_logprobs(policy, rollout, temperature=1.0, batch_size=4)[mask], recomputed[mask], atol=1e-3)
+    assert not torch.allclose(
+        rollout_logprobs(policy, rollout, temperature=1.0, batch_size=4)[mask], recomputed[mask], atol=1e-3
+    )
 
 
 def test_chunked_forward_matches_one_full_pass_and_keeps_row_order(tokenizer, rollout):
     policy = tiny_policy(tokenizer)
-    full = torch.where(rollout.response_mask, token_logprobs(policy, rollout.input_ids, rollout.attention_mask, 0.7), 0.0)
+    full = torch.where(
+        rollout.response_mask, token_logprobs(policy, rollout.input_ids, rollout.attention_mask, 0.7), 0.0
+    )
     chunked = rollout_logprobs(policy, rollout, 0.7, batch_size=3)  # sorted by length, trimmed chunks
     torch.testing.assert_close(chunked, full.detach(), atol=1e-5, rtol=1e-5)
     # per-row outputs come back in the original order too
@@ -133,12 +169,18 @@ def test_select_trims_to_the_longest_selected_row(rollout):
 def test_sample_responses_keeps_its_contract(tokenizer):
     policy = tiny_policy(tokenizer)
     torch.manual_seed(3)
-    responses = sample_responses(policy, tokenizer, encode(tokenizer, PROMPTS), SamplingConfig(max_new_tokens=12, temperature=0.7))
+    responses = sample_responses(
+        policy, tokenizer, encode(tokenizer, PROMPTS), SamplingConfig(max_new_tokens=12, temperature=0.7)
+    )
     for ids, text, done in zip(responses.response_ids, responses.texts, responses.finished):
         assert done == (ids[-1] == tokenizer.eos_token_id)
         assert text == tokenizer.decode(ids[:-1] if done else ids)
-    greedy = sample_responses(policy, tokenizer, encode(tokenizer, PROMPTS), SamplingConfig(max_new_tokens=12, temperature=0))
-    again = sample_responses(policy, tokenizer, encode(tokenizer, PROMPTS), SamplingConfig(max_new_tokens=12, temperature=0))
+    greedy = sample_responses(
+        policy, tokenizer, encode(tokenizer, PROMPTS), SamplingConfig(max_new_tokens=12, temperature=0)
+    )
+    again = sample_responses(
+        policy, tokenizer, encode(tokenizer, PROMPTS), SamplingConfig(max_new_tokens=12, temperature=0)
+    )
     assert greedy.response_ids == again.response_ids
 
 
@@ -150,7 +192,7 @@ def test_reward_is_read_at_each_responses_last_real_token(tokenizer, rollout):
     scores = score_rollout(reward_model, rollout, batch_size=3)
     for i in range(len(scores)):
         n = int(rollout.lengths[i])
-        alone = reward_model(input_ids=rollout.input_ids[i:i + 1, :n]).logits[0, 0]  # unpadded: pooled at the end
+        alone = reward_model(input_ids=rollout.input_ids[i : i + 1, :n]).logits[0, 0]  # unpadded: pooled at the end
         assert scores[i].item() == pytest.approx(alone.item(), abs=1e-5)
         last = rollout.input_ids[i, n - 1].item()
         assert last == tokenizer.eos_token_id or not rollout.finished[i]  # a finished response is read at its EOS
@@ -165,7 +207,9 @@ def test_same_tokenizer():
 def test_a_reward_model_with_another_tokenizer_scores_the_retokenized_text(tokenizer, other_tokenizer, rollout):
     assert not same_tokenizer(tokenizer, other_tokenizer)
     reward_model = tiny_reward_model(other_tokenizer)
-    scores = score_rollout(reward_model, rollout, batch_size=3, policy_tokenizer=tokenizer, reward_tokenizer=other_tokenizer)
+    scores = score_rollout(
+        reward_model, rollout, batch_size=3, policy_tokenizer=tokenizer, reward_tokenizer=other_tokenizer
+    )
     prompts = [tokenizer.decode(ids) for ids in rollout.prompt_ids()]
     responses = rollout.texts(tokenizer)
     for i, (prompt, response) in enumerate(zip(prompts, responses)):

@@ -41,6 +41,6 @@ def test_a_fresh_start_replaces_an_earlier_runs_rows(tmp_path):
 
 def test_keys_must_follow_the_scheme(tmp_path):
     logger = MetricLogger("sft", tmp_path / "sft", tmp_path / "tb", Config())
-    with pytest.raises(ValueError, match="does not follow .sft/group/name."):
+    with pytest.raises(ValueError, match=r"does not follow .sft/group/name."):
         logger.log(1, {"loss": 1.0})
     logger.close()

@@ -18,11 +18,19 @@ def test_plan_steps_derives_accumulation_and_total():
     assert plan_steps("sft", TrainConfig(batch_size=32, micro_batch_size=8, max_steps=5), 1000, 1).total_steps == 5
 
 
-@pytest.mark.parametrize("tcfg, n, world, message", [
-    (TrainConfig(batch_size=30, micro_batch_size=8), 100, 1, "sft.batch_size=30 must be divisible by sft.micro_batch_size=8 x 1"),
-    (TrainConfig(batch_size=32, micro_batch_size=16), 100, 4, "x 4 process(es)"),
-    (TrainConfig(batch_size=64, micro_batch_size=8), 10, 1, "fewer than one batch"),
-])
+@pytest.mark.parametrize(
+    "tcfg, n, world, message",
+    [
+        (
+            TrainConfig(batch_size=30, micro_batch_size=8),
+            100,
+            1,
+            "sft.batch_size=30 must be divisible by sft.micro_batch_size=8 x 1",
+        ),
+        (TrainConfig(batch_size=32, micro_batch_size=16), 100, 4, "x 4 process(es)"),
+        (TrainConfig(batch_size=64, micro_batch_size=8), 10, 1, "fewer than one batch"),
+    ],
+)
 def test_plan_steps_rejects_bad_sizes(tcfg, n, world, message):
     with pytest.raises(UserError) as info:
         plan_steps("sft", tcfg, n, world)
@@ -42,7 +50,7 @@ def test_grouping_by_length_cuts_padding():
     lengths = [(i * 37) % 100 + 1 for i in range(2048)]
 
     def padded(order):
-        return sum(max(lengths[i] for i in order[s:s + 16]) * 16 for s in range(0, len(order), 16))
+        return sum(max(lengths[i] for i in order[s : s + 16]) * 16 for s in range(0, len(order), 16))
 
     plain = padded(epoch_order(lengths, 0, 0, 16, False))
     grouped = padded(epoch_order(lengths, 0, 0, 16, True))

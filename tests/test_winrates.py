@@ -9,22 +9,25 @@ from rlhf import winrates as W
 # ----------------------------------------------------------------------------- position-swap aggregation
 
 
-@pytest.mark.parametrize("ab, ba, outcome", [
-    # ab: verdict with model A shown first; ba: with model B shown first, in position terms
-    ("A", "B", "A"),  # A wins both orders (B-first: the second shown, model A, wins)
-    ("A", "tie", "A"),  # wins one order, ties the other
-    ("tie", "B", "A"),
-    ("B", "A", "B"),  # model B wins both orders
-    ("B", "tie", "B"),
-    ("tie", "A", "B"),
-    ("tie", "tie", "tie"),
-    ("A", "A", "tie"),  # the first shown always wins: pure position bias, inconsistent -> tie
-    ("B", "B", "tie"),  # the second shown always wins
-    ("A", "invalid", "invalid"),  # an invalid order is never a win ...
-    ("invalid", "B", "invalid"),
-    ("tie", "invalid", "invalid"),  # ... nor a tie
-    ("invalid", "invalid", "invalid"),
-])
+@pytest.mark.parametrize(
+    "ab, ba, outcome",
+    [
+        # ab: verdict with model A shown first; ba: with model B shown first, in position terms
+        ("A", "B", "A"),  # A wins both orders (B-first: the second shown, model A, wins)
+        ("A", "tie", "A"),  # wins one order, ties the other
+        ("tie", "B", "A"),
+        ("B", "A", "B"),  # model B wins both orders
+        ("B", "tie", "B"),
+        ("tie", "A", "B"),
+        ("tie", "tie", "tie"),
+        ("A", "A", "tie"),  # the first shown always wins: pure position bias, inconsistent -> tie
+        ("B", "B", "tie"),  # the second shown always wins
+        ("A", "invalid", "invalid"),  # an invalid order is never a win ...
+        ("invalid", "B", "invalid"),
+        ("tie", "invalid", "invalid"),  # ... nor a tie
+        ("invalid", "invalid", "invalid"),
+    ],
+)
 def test_outcome_from_both_orders(ab, ba, outcome):
     assert W.outcome_from_verdicts(ab, ba) == outcome
 
@@ -163,8 +166,7 @@ def test_agreement():
     b = ["A", "A", "tie", "A", "B", "invalid"]
     # valid for both: prompts 0-3; same on 0, 2, 3 -> 3/4. Decisive (no tie): 0, 1, 3 -> same on 0, 3 -> 2/3.
     r = W.agreement(a, b)
-    assert r == {"agreement": 0.75, "n": 4, "agreement_decisive": pytest.approx(2 / 3), "n_decisive": 3,
-                 "n_invalid": 2}
+    assert r == {"agreement": 0.75, "n": 4, "agreement_decisive": pytest.approx(2 / 3), "n_decisive": 3, "n_invalid": 2}
     assert W.agreement(["invalid"], ["A"])["agreement"] is None
     with pytest.raises(ValueError, match="different numbers"):
         W.agreement(["A"], ["A", "B"])

@@ -42,21 +42,68 @@ wanted), `risky_benign` (benign requests that sound risky; a helpful answer is w
 non-harmful prompts the last turn ends in an explicit instruction.
 """
 
-from rlhf.task.annotator import gold_agreement, generate_split, noise_ceiling, p_better
+from rlhf.task.annotator import generate_split, gold_agreement, noise_ceiling, p_better
 from rlhf.task.behaviours import BEHAVIOURS, DEFAULT_BEHAVIOUR_WEIGHTS, sample_candidate
 from rlhf.task.gold import (
-    FLAGS, GOOD_SCORE, MAX_WORDS, gold_details, gold_rewards, gold_score, gold_summary, is_good, is_good_score, judge,
+    FLAGS,
+    GOOD_SCORE,
+    MAX_WORDS,
+    gold_details,
+    gold_rewards,
+    gold_score,
+    gold_summary,
+    is_good,
+    is_good_score,
+    judge,
 )
 from rlhf.task.prompts import (
-    DATASET_FAMILIES, FAMILIES, FAMILY_WEIGHTS, TaskSpec, hh, parse_prompt, prompt_split, sample_prompt, sample_prompts,
+    DATASET_FAMILIES,
+    FAMILIES,
+    FAMILY_WEIGHTS,
+    TaskSpec,
+    hh,
+    parse_prompt,
+    prompt_split,
+    sample_prompt,
+    sample_prompts,
 )
 from rlhf.task.suites import SUITES, suite_prompts
 from rlhf.task.world import CAPITALS, COLOURS, COUNTRIES, INSTRUCTIONS, JOBS, NAMES, PEOPLE
 
 __all__ = [
-    "BEHAVIOURS", "CAPITALS", "COLOURS", "COUNTRIES", "DATASET_FAMILIES", "DEFAULT_BEHAVIOUR_WEIGHTS", "FAMILIES",
-    "FAMILY_WEIGHTS", "FLAGS", "GOOD_SCORE", "INSTRUCTIONS", "JOBS", "MAX_WORDS", "NAMES", "PEOPLE", "SUITES",
-    "TaskSpec", "generate_split", "gold_agreement", "gold_details", "gold_rewards", "gold_score", "gold_summary", "hh", "is_good",
-    "is_good_score", "judge", "noise_ceiling", "p_better", "parse_prompt", "prompt_split", "sample_candidate",
-    "sample_prompt", "sample_prompts", "suite_prompts",
+    "BEHAVIOURS",
+    "CAPITALS",
+    "COLOURS",
+    "COUNTRIES",
+    "DATASET_FAMILIES",
+    "DEFAULT_BEHAVIOUR_WEIGHTS",
+    "FAMILIES",
+    "FAMILY_WEIGHTS",
+    "FLAGS",
+    "GOOD_SCORE",
+    "INSTRUCTIONS",
+    "JOBS",
+    "MAX_WORDS",
+    "NAMES",
+    "PEOPLE",
+    "SUITES",
+    "TaskSpec",
+    "generate_split",
+    "gold_agreement",
+    "gold_details",
+    "gold_rewards",
+    "gold_score",
+    "gold_summary",
+    "hh",
+    "is_good",
+    "is_good_score",
+    "judge",
+    "noise_ceiling",
+    "p_better",
+    "parse_prompt",
+    "prompt_split",
+    "sample_candidate",
+    "sample_prompt",
+    "sample_prompts",
+    "suite_prompts",
 ]

@@ -24,8 +24,9 @@ from rlhf.task.gold import judge
 from rlhf.task.prompts import TaskSpec, check_split, parse_prompt, prompt_split, sample_prompt
 
 
-def _sample_pair(spec: TaskSpec, rng: random.Random, weights: dict,
-                 tries: int = 20) -> tuple[str, float, str, float] | None:
+def _sample_pair(
+    spec: TaskSpec, rng: random.Random, weights: dict, tries: int = 20
+) -> tuple[str, float, str, float] | None:
     """Two candidates with different gold scores, (text_a, gold_a, text_b, gold_b), or None after `tries`."""
     a = sample_candidate(spec, rng, weights)[1]
     gold_a = judge(spec, a)["score"]
@@ -54,12 +55,24 @@ def _annotate(prompt: str, family: str, pair: tuple, rng: random.Random, noise: 
     chosen, rejected = (better, gold_better), (worse, gold_worse)
     if not picks_better:
         chosen, rejected = rejected, chosen
-    return {"chosen": f"{prompt} {chosen[0]}", "rejected": f"{prompt} {rejected[0]}", "gold_chosen": chosen[1],
-            "gold_rejected": rejected[1], "family": family, "p_label": p if picks_better else 1 - p}
+    return {
+        "chosen": f"{prompt} {chosen[0]}",
+        "rejected": f"{prompt} {rejected[0]}",
+        "gold_chosen": chosen[1],
+        "gold_rejected": rejected[1],
+        "family": family,
+        "p_label": p if picks_better else 1 - p,
+    }
 
 
-def generate_split(split: str, n_pairs: int, seed: int, annotator_noise: float = 0.1, length_bias: float = 0.2,
-                   weights: dict | None = None) -> list[dict]:
+def generate_split(
+    split: str,
+    n_pairs: int,
+    seed: int,
+    annotator_noise: float = 0.1,
+    length_bias: float = 0.2,
+    weights: dict | None = None,
+) -> list[dict]:
     """`n_pairs` labelled HH rows whose prompts all hash to `split`; deterministic in all arguments.
 
     Rows: {"chosen", "rejected", "gold_chosen", "gold_rejected", "family", "p_label"}. Several rows

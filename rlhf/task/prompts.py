@@ -17,8 +17,25 @@ import re
 from dataclasses import dataclass
 
 from rlhf.task.world import (
-    ARITH_TEMPLATES, COLOURS, CONTEXT_QUESTIONS, COUNTRIES, CAPITALS, FACT_TEMPLATES, HARMFUL_ACTS, INSTRUCTION_RATE,
-    INSTRUCTIONS, JOBS, MEMORY, NAMES, OBJECTS, OOD_NAMES, PEOPLE, PREFIXES, REQUEST_TEMPLATES, RISKY_BENIGN, SMALL_TALK,
+    ARITH_TEMPLATES,
+    CAPITALS,
+    COLOURS,
+    CONTEXT_QUESTIONS,
+    COUNTRIES,
+    FACT_TEMPLATES,
+    HARMFUL_ACTS,
+    INSTRUCTION_RATE,
+    INSTRUCTIONS,
+    JOBS,
+    MEMORY,
+    NAMES,
+    OBJECTS,
+    OOD_NAMES,
+    PEOPLE,
+    PREFIXES,
+    REQUEST_TEMPLATES,
+    RISKY_BENIGN,
+    SMALL_TALK,
 )
 
 DATASET_FAMILIES = ("fact", "arith", "context", "harmful", "risky_benign", "multiturn")
@@ -31,6 +48,7 @@ TEST_PERCENT = 20  # prompts whose sha256 bucket (0-99) is below this belong to 
 CANONICAL_REFUSAL = "I'm sorry, but I can't help with that."
 POLITE_CLOSING = "I hope this helps."  # what the canonical answer to a "be polite" request ends with
 BRIEF_MIN_WORDS = 8  # "be brief": at most max(8, words of the canonical plain answer)
+
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -89,8 +107,10 @@ _MEMORY_STATEMENT_RES = {
 }
 
 
-_INSTRUCTION_RES = {kind: re.compile(r"(?:^|(?<=[.!?] ))(?:" + "|".join(re.escape(p) for p in phrases) + r")$")
-                    for kind, phrases in INSTRUCTIONS.items()}
+_INSTRUCTION_RES = {
+    kind: re.compile(r"(?:^|(?<=[.!?] ))(?:" + "|".join(re.escape(p) for p in phrases) + r")$")
+    for kind, phrases in INSTRUCTIONS.items()
+}
 
 
 def _phrase_re(phrases) -> re.Pattern:
@@ -106,8 +126,9 @@ _PERSON_LOOKUP = {p.lower(): p for p in PEOPLE}
 def _human_turns(prompt: str) -> list[str]:
     """The human turns of an HH prompt; ValueError unless it alternates Human/Assistant and ends in "Assistant:"."""
     if not isinstance(prompt, str) or not prompt.startswith("\n\nHuman:") or not prompt.endswith("\n\nAssistant:"):
-        raise ValueError("not an HH prompt (must start with '\\n\\nHuman:' and end with '\\n\\nAssistant:'): "
-                         f"{prompt!r:.120}")
+        raise ValueError(
+            f"not an HH prompt (must start with '\\n\\nHuman:' and end with '\\n\\nAssistant:'): {prompt!r:.120}"
+        )
     parts = _TURN_RE.split(prompt)  # ["", "Human", text, "Assistant", text, ..., "Assistant", ""]
     roles, texts = parts[1::2], [t.strip() for t in parts[2::2]]
     if parts[0] or any(r != ("Human", "Assistant")[i % 2] for i, r in enumerate(roles)) or len(roles) % 2:
@@ -136,12 +157,24 @@ def arith_spec(a: str, op: str, b: str) -> TaskSpec:
 
 def fact_spec(kind: str, subject: str) -> TaskSpec:
     if kind == "capital":
-        return TaskSpec("fact", kind, subject, COUNTRIES[subject], _others(CAPITALS, COUNTRIES[subject]),
-                        answer_template=f"The capital of {subject} is {{answer}}.")
+        return TaskSpec(
+            "fact",
+            kind,
+            subject,
+            COUNTRIES[subject],
+            _others(CAPITALS, COUNTRIES[subject]),
+            answer_template=f"The capital of {subject} is {{answer}}.",
+        )
     colour, job = PEOPLE[subject]
     if kind == "colour":
-        return TaskSpec("fact", kind, subject, colour, _others(COLOURS, colour),
-                        answer_template=f"{subject}'s favourite colour is {{answer}}.")
+        return TaskSpec(
+            "fact",
+            kind,
+            subject,
+            colour,
+            _others(COLOURS, colour),
+            answer_template=f"{subject}'s favourite colour is {{answer}}.",
+        )
     return TaskSpec("fact", kind, subject, job, _others(JOBS, job), answer_template=f"{subject} is a {{answer}}.")
 
 
@@ -157,8 +190,14 @@ def _parse_sycophancy(text: str) -> TaskSpec | None:
         inner, claim = fact_spec("colour", _PERSON_LOOKUP[m.group(1).lower()]), m.group(2).lower()
         sentence = f"{inner.subject}'s favourite colour is {{answer}}."
     else:
-        m = next((m for m in _JOB_CLAIM_RE.finditer(text)
-                  if m.group(1).lower() in _PERSON_LOOKUP and m.group(2).lower() in JOBS), None)
+        m = next(
+            (
+                m
+                for m in _JOB_CLAIM_RE.finditer(text)
+                if m.group(1).lower() in _PERSON_LOOKUP and m.group(2).lower() in JOBS
+            ),
+            None,
+        )
         if m is None:
             return None
         inner, claim = fact_spec("job", _PERSON_LOOKUP[m.group(1).lower()]), m.group(2).lower()
@@ -177,16 +216,28 @@ def _parse_context(text: str) -> TaskSpec | None:
         owners = [n for n, (kn, on) in counts.items() if (kn, on) == (k, obj)]
         if len(owners) != 1:
             raise ValueError(f"context question 'who has {k} {obj}' does not match exactly one statement: {text!r}")
-        return TaskSpec("context", "who", f"{k} {obj}", owners[0], _others(counts, owners[0]),
-                        answer_template=f"{{answer}} has {k} {obj}.")
+        return TaskSpec(
+            "context",
+            "who",
+            f"{k} {obj}",
+            owners[0],
+            _others(counts, owners[0]),
+            answer_template=f"{{answer}} has {k} {obj}.",
+        )
     if m := _HOW_MANY_RE.search(text):
         obj, name = m.group(1).lower(), m.group(2)
         if counts.get(name, (None, None))[1] != obj:
             raise ValueError(f"context question about {name}'s {obj} has no matching statement: {text!r}")
         k = counts[name][0]
         wrong = {kn for kn, _ in counts.values()} | {str(int(k) + 1), str(int(k) - 1)}
-        return TaskSpec("context", "count", name, k, tuple(sorted(wrong - {k, "0"})),
-                        answer_template=f"{name} has {{answer}} {obj}.")
+        return TaskSpec(
+            "context",
+            "count",
+            name,
+            k,
+            tuple(sorted(wrong - {k, "0"})),
+            answer_template=f"{name} has {{answer}} {obj}.",
+        )
     raise ValueError(f"context prompt without a 'How many ...' or 'Who has ...' question: {text!r}")
 
 
@@ -225,8 +276,11 @@ def _parse_memory(humans: list[str]) -> TaskSpec | None:
     if not stated:
         raise ValueError(f"the last turn asks to recall ({kind}) but no earlier human turn states it")
     answer = stated[-1]
-    pool = {"recall_name": NAMES + OOD_NAMES + tuple(PEOPLE), "recall_home": tuple(COUNTRIES),
-            "recall_colour": COLOURS}[kind]
+    pool = {
+        "recall_name": NAMES + OOD_NAMES + tuple(PEOPLE),
+        "recall_home": tuple(COUNTRIES),
+        "recall_colour": COLOURS,
+    }[kind]
     return TaskSpec("multiturn", kind, answer, answer, _others(pool, answer), answer_template=MEMORY[kind][3])
 
 
@@ -267,7 +321,7 @@ def parse_prompt(prompt: str) -> TaskSpec:
 
 
 def prompt_split(prompt: str) -> str:
-    """"test" or "train", from a stable hash of the prompt text (never Python's salted hash())."""
+    """ "test" or "train", from a stable hash of the prompt text (never Python's salted hash())."""
     bucket = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") % 100
     return "test" if bucket < TEST_PERCENT else "train"
 
@@ -301,10 +355,7 @@ def context_prompt(rng: random.Random, names: tuple, objects: tuple, questions: 
     counts = rng.sample(range(2, 10), len(people))
     obj = rng.choice(objects)
     facts = [f"{n} has {k} {obj}" for n, k in zip(people, counts)]
-    if rng.random() < 0.5:
-        story = ". ".join(facts) + "."
-    else:
-        story = ", ".join(facts[:-1]) + f" and {facts[-1]}."
+    story = ". ".join(facts) + "." if rng.random() < 0.5 else ", ".join(facts[:-1]) + f" and {facts[-1]}."
     i = rng.randrange(len(people))
     question = rng.choice(questions).format(obj=obj, name=people[i], k=counts[i])
     return f"{story} {question}"
@@ -376,5 +427,3 @@ def sample_prompts(split: str, n: int, seed: int) -> list[str]:
     if len(prompts) < n:
         raise ValueError(f"found only {len(prompts)} distinct {split} prompts; ask for fewer than n={n}")
     return list(prompts)
-
-

@@ -15,13 +15,39 @@ from __future__ import annotations
 import random
 
 from rlhf.task.prompts import (
-    arith_prompt, arith_spec, context_prompt, fact_prompt, fact_spec, hh, memory_prompt, prompt_split, random_sum,
+    arith_prompt,
+    arith_spec,
+    context_prompt,
+    fact_prompt,
+    fact_spec,
+    hh,
+    memory_prompt,
+    prompt_split,
+    random_sum,
     request_prompt,
 )
 from rlhf.task.world import (
-    ARITH_TEMPLATES, CONTEXT_QUESTIONS, COUNTRIES, FACT_TEMPLATES, HARMFUL_ACTS, INSTRUCTIONS, NAMES, OBJECTS,
-    OOD_ARITH_TEMPLATES, OOD_CONTEXT_QUESTIONS, OOD_FACT_TEMPLATES, OOD_MEMORY, OOD_NAMES, OOD_OBJECTS,
-    OOD_REQUEST_TEMPLATES, PEOPLE, PREFIXES, REQUEST_TEMPLATES, RISKY_BENIGN, SMALL_TALK, SYCOPHANCY_TEMPLATES,
+    ARITH_TEMPLATES,
+    CONTEXT_QUESTIONS,
+    COUNTRIES,
+    FACT_TEMPLATES,
+    HARMFUL_ACTS,
+    INSTRUCTIONS,
+    NAMES,
+    OBJECTS,
+    OOD_ARITH_TEMPLATES,
+    OOD_CONTEXT_QUESTIONS,
+    OOD_FACT_TEMPLATES,
+    OOD_MEMORY,
+    OOD_NAMES,
+    OOD_OBJECTS,
+    OOD_REQUEST_TEMPLATES,
+    PEOPLE,
+    PREFIXES,
+    REQUEST_TEMPLATES,
+    RISKY_BENIGN,
+    SMALL_TALK,
+    SYCOPHANCY_TEMPLATES,
 )
 
 SUITES = ("sycophancy", "ood", "harmful", "capability", "risky_benign", "instructions")
@@ -50,44 +76,66 @@ def _sycophancy_prompt(rng: random.Random, wrong: bool) -> str:
 
 
 def _ood_prompts(rng: random.Random) -> list[str]:
-    prompts = [hh(rng.choice(PREFIXES) + t.format(s=rng.choice(tuple(COUNTRIES) if k == "capital" else tuple(PEOPLE))))
-               for k, ts in OOD_FACT_TEMPLATES.items() for t in ts for _ in range(2)]
+    prompts = [
+        hh(rng.choice(PREFIXES) + t.format(s=rng.choice(tuple(COUNTRIES) if k == "capital" else tuple(PEOPLE))))
+        for k, ts in OOD_FACT_TEMPLATES.items()
+        for t in ts
+        for _ in range(2)
+    ]
     prompts += [hh(arith_prompt(rng, (t,))) for t in OOD_ARITH_TEMPLATES for _ in range(2)]
-    prompts += [hh(context_prompt(rng, OOD_NAMES, OOD_OBJECTS, CONTEXT_QUESTIONS + OOD_CONTEXT_QUESTIONS))
-                for _ in range(6)]
+    prompts += [
+        hh(context_prompt(rng, OOD_NAMES, OOD_OBJECTS, CONTEXT_QUESTIONS + OOD_CONTEXT_QUESTIONS)) for _ in range(6)
+    ]
     prompts += [hh(*memory_prompt(rng, "recall_name", name, OOD_MEMORY)) for name in OOD_NAMES[:4]]
-    prompts += [hh(request_prompt(rng, acts, OOD_REQUEST_TEMPLATES)) for acts in (HARMFUL_ACTS, RISKY_BENIGN)
-                for _ in range(3)]
+    prompts += [
+        hh(request_prompt(rng, acts, OOD_REQUEST_TEMPLATES)) for acts in (HARMFUL_ACTS, RISKY_BENIGN) for _ in range(3)
+    ]
     return list(dict.fromkeys(prompts))
 
 
 def _instruction_prompt(rng: random.Random, kind: str) -> str:
     if kind == "one_word" or rng.random() < 0.5:
-        turn = rng.choice((lambda: fact_prompt(rng, FACT_TEMPLATES), lambda: arith_prompt(rng, ARITH_TEMPLATES),
-                           lambda: context_prompt(rng, NAMES, OBJECTS, CONTEXT_QUESTIONS)))()
+        turn = rng.choice(
+            (
+                lambda: fact_prompt(rng, FACT_TEMPLATES),
+                lambda: arith_prompt(rng, ARITH_TEMPLATES),
+                lambda: context_prompt(rng, NAMES, OBJECTS, CONTEXT_QUESTIONS),
+            )
+        )()
     else:
         turn = request_prompt(rng, RISKY_BENIGN, REQUEST_TEMPLATES)
     return hh(f"{turn} {rng.choice(INSTRUCTIONS[kind])}")
 
 
 def suite_prompts(name: str) -> list[str]:
-    """A fixed list of ~30 HH prompts (ending in "\\n\\nAssistant:") for evaluation, one of SUITES (module docstring)."""
+    """A fixed list of ~30 HH prompts (ending in "\\n\\nAssistant:") for evaluation, one of SUITES
+    (module docstring)."""
     rng = random.Random(f"suite/{name}")
     if name == "sycophancy":
-        return (_unique_test_prompts(rng, lambda r: _sycophancy_prompt(r, wrong=True), 24)
-                + _unique_test_prompts(rng, lambda r: _sycophancy_prompt(r, wrong=False), 6))
+        return _unique_test_prompts(rng, lambda r: _sycophancy_prompt(r, wrong=True), 24) + _unique_test_prompts(
+            rng, lambda r: _sycophancy_prompt(r, wrong=False), 6
+        )
     if name == "ood":
         return _ood_prompts(rng)
     if name == "harmful":
-        return (_unique_test_prompts(rng, lambda r: hh(request_prompt(r, HARMFUL_ACTS, REQUEST_TEMPLATES)), 24)
-                + _unique_test_prompts(rng, lambda r: hh(*r.choice(SMALL_TALK),
-                                                          request_prompt(r, HARMFUL_ACTS, REQUEST_TEMPLATES)), 6))
+        return _unique_test_prompts(
+            rng, lambda r: hh(request_prompt(r, HARMFUL_ACTS, REQUEST_TEMPLATES)), 24
+        ) + _unique_test_prompts(
+            rng, lambda r: hh(*r.choice(SMALL_TALK), request_prompt(r, HARMFUL_ACTS, REQUEST_TEMPLATES)), 6
+        )
     if name == "capability":
-        return (_unique_test_prompts(rng, lambda r: hh(fact_prompt(r, FACT_TEMPLATES)), 10)
-                + _unique_test_prompts(rng, lambda r: hh(arith_prompt(r, ARITH_TEMPLATES)), 10)
-                + _unique_test_prompts(rng, lambda r: hh(context_prompt(r, NAMES, OBJECTS, CONTEXT_QUESTIONS)), 10))
+        return (
+            _unique_test_prompts(rng, lambda r: hh(fact_prompt(r, FACT_TEMPLATES)), 10)
+            + _unique_test_prompts(rng, lambda r: hh(arith_prompt(r, ARITH_TEMPLATES)), 10)
+            + _unique_test_prompts(rng, lambda r: hh(context_prompt(r, NAMES, OBJECTS, CONTEXT_QUESTIONS)), 10)
+        )
     if name == "risky_benign":
         return _unique_test_prompts(rng, lambda r: hh(request_prompt(r, RISKY_BENIGN, REQUEST_TEMPLATES)), 30)
     if name == "instructions":
-        return [p for kind in INSTRUCTIONS for p in _unique_test_prompts(rng, lambda r: _instruction_prompt(r, kind), 10)]
+        return [
+            p
+            for kind in INSTRUCTIONS
+            # called within this iteration only; the default argument just binds `kind` explicitly (B023)
+            for p in _unique_test_prompts(rng, lambda r, kind=kind: _instruction_prompt(r, kind), 10)
+        ]
     raise ValueError(f"unknown suite {name!r}; choose one of {SUITES}")
