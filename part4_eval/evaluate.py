@@ -27,7 +27,7 @@ from rlhf.models import build_policy, load_policy, load_reward_model, load_token
 from rlhf.rollout import Rollout, SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
 from rlhf.run import write_json_atomic
 from rlhf.training import make_accelerator
-from rlhf.winrates import agreement, length_controlled_win_rate
+from rlhf.winrates import agreement, agreement_by_group, length_controlled_win_rate
 
 POLICY_STAGES = ("ppo", "grpo", "dpo")
 SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites; the embedded task has its own
@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     win_rates: dict[str, dict] = {}
     records: dict[str, dict] = {}
     outcomes: dict[str, dict[str, list[str]]] = {}
+    gold_differences: dict[str, list[str | None]] = {}  # per pairing and prompt: what separates the two in gold
     for judge_name, judge in judges.items():
         win_rates[judge_name], records[judge_name], outcomes[judge_name] = {}, {}, {}
         for a, b in pairings:
@@ -280,14 +281,23 @@ def main(argv: list[str] | None = None) -> None:
             win_rates[judge_name][key] = {**comparison.summary(), "lc_win_rate": lc["lc_win_rate"]}
             records[judge_name][key] = comparison.to_dict()
             outcomes[judge_name][key] = comparison.outcomes
+            if judge_name == "gold":
+                gold_differences[key] = [
+                    task.gold_difference(task.gold_details(p, ta), task.gold_details(p, tb))
+                    for p, ta, tb in zip(common, texts_a, texts_b)
+                ]
     judge_agreement = {}
     other_judges = [name for name in judges if name != "gold"] if "gold" in outcomes else []
     for judge_name in other_judges:
-        flat_judge, flat_gold = [], []
+        flat_judge, flat_gold, flat_differences = [], [], []
         for key, judged in outcomes[judge_name].items():
             flat_judge += judged
             flat_gold += outcomes["gold"][key][: len(judged)]  # the LLM judge sees a prefix of the same prompts
-        judge_agreement[f"{judge_name}_vs_gold"] = agreement(flat_judge, flat_gold)
+            flat_differences += gold_differences[key][: len(judged)]
+        judge_agreement[f"{judge_name}_vs_gold"] = {
+            **agreement(flat_judge, flat_gold),
+            "by_gold_difference": agreement_by_group(flat_judge, flat_gold, flat_differences),
+        }
     judges_info = {name: combine_batch_info([r["info"] for r in records[name].values()]) for name in judges}
     judges_info |= {name: {"status": why} for name, why in skipped.items()}
     for name, why in skipped.items():

@@ -940,6 +940,28 @@ def section_judge_agreement(data: RunData) -> str:
         "",
         markdown_table(["judges", "agreement", "n", "agreement (decisive)", "n decisive", "invalid"], rows),
     ]
+    for key in sorted(agreement):
+        by_difference = agreement[key].get("by_gold_difference") or {}
+        decisive = sum(entry.get("n_decisive") or 0 for entry in by_difference.values())
+        if not decisive:
+            continue
+        a, b = parse_pairing(key) or (key, "")
+        rows = [
+            [
+                kind,
+                fmt(entry.get("n_decisive")),
+                fmt((entry.get("n_decisive") or 0) / decisive),
+                fmt(entry.get("agreement_decisive")),
+            ]
+            for kind, entry in by_difference.items()
+        ]
+        lines += [
+            "",
+            f"{a} vs {b}, decisive pairs by what separates the two responses in gold: a right vs a wrong answer "
+            "(*capability*), other content (refusal, compliance, no answer), a flagged penalty, or only verbosity.",
+            "",
+            markdown_table(["gold difference", "n decisive", "share", "agreement (decisive)"], rows),
+        ]
     return "\n".join(lines)
 
 

@@ -229,3 +229,18 @@ def agreement(outcomes_a: Sequence[str], outcomes_b: Sequence[str]) -> dict:
         "n_decisive": len(decisive),
         "n_invalid": len(outcomes_a) - len(pairs),
     }
+
+
+def agreement_by_group(outcomes_a: Sequence[str], outcomes_b: Sequence[str], groups: Sequence[str | None]) -> dict:
+    """`agreement` within each group of prompts: {group: agreement(...)} over the prompts labelled with it,
+    in sorted group order; prompts labelled None are left out (e.g. pairs the gold judge ties)."""
+    if not len(outcomes_a) == len(outcomes_b) == len(groups):
+        raise ValueError(f"got {len(outcomes_a)} and {len(outcomes_b)} outcomes for {len(groups)} group labels")
+    members: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        if group is not None:
+            members.setdefault(group, []).append(i)
+    return {
+        group: agreement([outcomes_a[i] for i in rows], [outcomes_b[i] for i in rows])
+        for group, rows in sorted(members.items())
+    }

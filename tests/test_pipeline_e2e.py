@@ -78,7 +78,10 @@ def test_eval_measures_every_policy_the_same_way(full_run):
         assert "lc_win_rate" in rates
     assert "ppo_vs_dpo" in evaluation["win_rates"]["reward"] and "sft_vs_chosen" in evaluation["win_rates"]["gold"]
     assert evaluation["judges"]["openai"]["status"] == "skipped: OPENAI_API_KEY is not set"
-    assert "reward_vs_gold" in evaluation["judge_agreement"]
+    reward_vs_gold = evaluation["judge_agreement"]["reward_vs_gold"]
+    by_difference = reward_vs_gold["by_gold_difference"]
+    assert set(by_difference) <= {"capability", "content", "flags", "verbosity"}
+    assert sum(entry["n_decisive"] for entry in by_difference.values()) == reward_vs_gold["n_decisive"]
     assert set(evaluation["suites"]) >= {"sycophancy", "ood", "harmful", "capability"}
     # Same decoding and seed for every model; each model's responses are on disk.
     assert evaluation["decoding"]["seed"] == 1234

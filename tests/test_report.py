@@ -402,6 +402,10 @@ def fixture_summary() -> dict:
                     "agreement_decisive": 0.7012,
                     "n_decisive": 180,
                     "n_invalid": 0,
+                    "by_gold_difference": {
+                        "capability": {"agreement_decisive": 0.5, "n_decisive": 45},
+                        "verbosity": {"agreement_decisive": 0.4, "n_decisive": 135},
+                    },
                 }
             },
             "judges": {
@@ -577,6 +581,7 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     )  # headline: no best_of_16_vs_sft pairing
     assert "| PPO | 1.234 | 4.567 | 0.512 | 0.450 | 18.2 | 0.625 [0.512, 0.726] |" in text
     assert "| reward vs gold | 0.654 | 240 | 0.701 | 180 | 0 |" in text
+    assert "| capability | 45 | 0.250 | 0.500 |" in text and "| verbosity | 135 | 0.750 | 0.400 |" in text
     assert "| 16 | 1.835 | 1.210 |" in text  # best-of-N: log 16 - 15/16, 0.01 + 0.3 * 4
     assert "| test | 0.765 | 0.812 | 0.873 | 0.562 | 0.247 | 0.410 | -0.520 |" in text
     assert "| split | arith | fact |" in text and "| test | 0.800 | 0.750 |" in text  # gold agreement by family

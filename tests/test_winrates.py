@@ -170,3 +170,22 @@ def test_agreement():
     assert W.agreement(["invalid"], ["A"])["agreement"] is None
     with pytest.raises(ValueError, match="different numbers"):
         W.agreement(["A"], ["A", "B"])
+
+
+def test_agreement_by_group():
+    a = ["A", "B", "A", "tie", "B", "A"]
+    b = ["A", "A", "A", "B", "B", "B"]
+    groups = ["x", "x", None, "y", "y", "y"]  # prompt 2 is in no group
+    r = W.agreement_by_group(a, b, groups)
+    assert list(r) == ["x", "y"]
+    assert r["x"] == {"agreement": 0.5, "n": 2, "agreement_decisive": 0.5, "n_decisive": 2, "n_invalid": 0}
+    # y: prompts 3-5; same on 4 only -> 1/3; decisive (no tie): 4, 5 -> 1/2.
+    assert r["y"] == {
+        "agreement": pytest.approx(1 / 3),
+        "n": 3,
+        "agreement_decisive": 0.5,
+        "n_decisive": 2,
+        "n_invalid": 0,
+    }
+    with pytest.raises(ValueError, match="group labels"):
+        W.agreement_by_group(a, b, groups[:-1])

@@ -46,9 +46,11 @@ from rlhf.task.annotator import generate_split, gold_agreement, noise_ceiling, p
 from rlhf.task.behaviours import BEHAVIOURS, DEFAULT_BEHAVIOUR_WEIGHTS, sample_candidate
 from rlhf.task.gold import (
     FLAGS,
+    GOLD_DIFFERENCES,
     GOOD_SCORE,
     MAX_WORDS,
     gold_details,
+    gold_difference,
     gold_rewards,
     gold_score,
     gold_summary,
@@ -80,6 +82,7 @@ __all__ = [
     "FAMILIES",
     "FAMILY_WEIGHTS",
     "FLAGS",
+    "GOLD_DIFFERENCES",
     "GOOD_SCORE",
     "INSTRUCTIONS",
     "JOBS",
@@ -91,6 +94,7 @@ __all__ = [
     "generate_split",
     "gold_agreement",
     "gold_details",
+    "gold_difference",
     "gold_rewards",
     "gold_score",
     "gold_summary",

@@ -232,6 +232,29 @@ def is_good(prompt: str, response: str) -> bool:
     return gold_details(prompt, response)["good"]
 
 
+GOLD_DIFFERENCES = ("capability", "content", "flags", "verbosity")
+
+
+def gold_difference(details_a: dict, details_b: dict) -> str | None:
+    """What separates two responses to one prompt in the gold judge's eyes, from their `gold_details`:
+
+    None          equal scores (a tie);
+    "capability"  one states the right answer and the other a wrong one (content 1 vs verdict "wrong");
+    "content"     any other difference of content: refusal vs compliance, over-refusal, no answer, ...;
+    "flags"       the same content, but a flagged penalty (repetition, instruction, ...) differs;
+    "verbosity"   only the graded verbosity term differs: two responses alike but for their length.
+    """
+    if details_a["score"] == details_b["score"]:
+        return None
+    if details_a["content"] != details_b["content"]:
+        verdicts = {details_a["verdict"], details_b["verdict"]}
+        right_vs_wrong = {details_a["content"], details_b["content"]} == {0.0, 1.0} and "wrong" in verdicts
+        return "capability" if right_vs_wrong else "content"
+    if any(details_a[flag] != details_b[flag] for flag in FLAGS):
+        return "flags"
+    return "verbosity"
+
+
 def gold_summary(prompts: list[str], responses: list[str]) -> dict:
     """What the gold judge says of one model's responses: mean score, good rate (overall, by family and by
     instruction, "none" for prompts without one), and the share of responses that fail by a preference
