@@ -19,13 +19,12 @@ from rlhf.batching import collate_sequences, encode_responses, encode_texts
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl, write_jsonl
-from rlhf.losses import sft_loss
 from rlhf.models import build_policy, load_tokenizer, token_logprobs
 from rlhf.ops import masked_sum
 from rlhf.plots import plot_training_curves
 from rlhf.rollout import SamplingConfig, sample_responses
 from rlhf.tracking import MetricLogger
-from rlhf.training import fit, forward_map, make_accelerator
+from rlhf.training import fit, forward_map, make_accelerator, sft_batch_loss
 
 
 def encode_demonstrations(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
@@ -81,10 +80,6 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Train on response tokens only.
-    def loss_fn(model, batch):
-        logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"])  # (B, T)
-        return sft_loss(logprobs, batch["response_mask"])
-
     def evaluate(model):
         nll = validation_nll(model, val_examples, collate, cfg.sft.eval_batch_size, accelerator)
         return {"sft/val/loss": nll, "sft/val/perplexity": math.exp(nll)}
@@ -100,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         examples=train_examples,
         lengths=[len(p) + len(r) for p, r in train_examples],
         collate=collate,
-        loss_fn=loss_fn,
+        loss_fn=sft_batch_loss,
         evaluate=evaluate,
         logger=logger,
     )

@@ -22,10 +22,19 @@ from accelerate.utils import gather_object, set_seed
 from rlhf.checkpoint import checkpoint_fingerprint, load_training_state, save_training_state
 from rlhf.config import Config, TrainConfig
 from rlhf.errors import UserError
+from rlhf.losses import sft_loss
+from rlhf.models import token_logprobs
 from rlhf.run import RunDir
 from rlhf.tracking import MetricLogger
 
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
+
+
+def sft_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+    """The SFT loss (a `LossFn`) of a `rlhf.batching.collate_sequences` batch: mean NLL of its response
+    tokens (and the EOS that ends them) given the prompt; prompt and pad tokens carry no loss."""
+    logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"])  # (B, T)
+    return sft_loss(logprobs, batch["response_mask"])
 
 
 def make_accelerator(cfg: Config) -> Accelerator:
@@ -132,6 +141,49 @@ def optimizer_step(
     return grad_norm
 
 
+def train_step(
+    stage: str,
+    run: RunDir,
+    step: int,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler,
+    micro_batches: list[dict[str, torch.Tensor]],
+    loss_fn: LossFn,
+    max_grad_norm: float,
+) -> dict[str, torch.Tensor]:
+    """One optimizer step on this process's share of a global batch, given as collated micro-batches:
+    each one's `loss_fn` loss is backpropagated with weight 1 / len(micro_batches), gradients are
+    synchronised across processes on the last one only, then `optimizer_step`.
+
+    -> the step's mean loss and loss stats (detached, by name), plus grad_norm when clipping. A
+    non-finite loss stops the stage with one line naming `step` (optimizer steps already taken).
+    """
+    model.train()
+    accumulation = len(micro_batches)
+    totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
+    for k, micro_batch in enumerate(micro_batches):
+        batch = {key: value.to(accelerator.device) for key, value in micro_batch.items()}
+        syncing = k == accumulation - 1
+        with nullcontext() if syncing else accelerator.no_sync(model):
+            loss, stats = loss_fn(model, batch)
+            if not torch.isfinite(loss):
+                raise UserError(
+                    f"{stage}: non-finite loss ({loss.item()}) at step {step + 1}; "
+                    f"the last good checkpoint is kept in {run.checkpoint_dir(stage)}; "
+                    f"lower {stage}.lr or check the data"
+                )
+            accelerator.backward(loss / accumulation)
+        totals["loss"] += loss.detach() / accumulation
+        for key, value in stats.items():
+            totals[key] += value.detach().float() / accumulation
+    grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm)
+    if grad_norm is not None:
+        totals["grad_norm"] = grad_norm
+    return totals
+
+
 def fit(
     *,
     stage: str,
@@ -179,27 +231,13 @@ def fit(
         order = epoch_order(lengths, cfg.run.seed, epoch, tcfg.batch_size, tcfg.group_by_length)
         global_batch = order[position * tcfg.batch_size : (position + 1) * tcfg.batch_size]
         local = global_batch[rank * plan.per_process : (rank + 1) * plan.per_process]
-        model.train()
-        totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
-        for k in range(plan.accumulation):
-            chunk = local[k * tcfg.micro_batch_size : (k + 1) * tcfg.micro_batch_size]
-            batch = {key: value.to(accelerator.device) for key, value in collate([examples[i] for i in chunk]).items()}
-            syncing = k == plan.accumulation - 1
-            with nullcontext() if syncing else accelerator.no_sync(model):
-                loss, stats = loss_fn(model, batch)
-                if not torch.isfinite(loss):
-                    raise UserError(
-                        f"{stage}: non-finite loss ({loss.item()}) at step {step + 1}; "
-                        f"the last good checkpoint is kept in {run.checkpoint_dir(stage)}; "
-                        f"lower {stage}.lr or check the data"
-                    )
-                accelerator.backward(loss / plan.accumulation)
-            totals["loss"] += loss.detach() / plan.accumulation
-            for key, value in stats.items():
-                totals[key] += value.detach().float() / plan.accumulation
-        grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, tcfg.max_grad_norm)
-        if grad_norm is not None:
-            totals["grad_norm"] = grad_norm
+        micro_batches = [
+            collate([examples[i] for i in local[k * tcfg.micro_batch_size : (k + 1) * tcfg.micro_batch_size]])
+            for k in range(plan.accumulation)
+        ]
+        totals = train_step(
+            stage, run, step, accelerator, model, optimizer, scheduler, micro_batches, loss_fn, tcfg.max_grad_norm
+        )
         step += 1
         logger.advance()
         for key, value in totals.items():

@@ -1,5 +1,7 @@
 """Derived sizes and data order of the shared training loop, and reward diagnostics."""
 
+from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +10,8 @@ import torch
 from rlhf.config import TrainConfig
 from rlhf.errors import UserError
 from rlhf.reward_analysis import accuracy_by_group, error_categories, pearson
-from rlhf.training import epoch_order, forward_map, optimizer_step, plan_steps
+from rlhf.run import RunDir
+from rlhf.training import epoch_order, forward_map, optimizer_step, plan_steps, train_step
 
 
 def test_plan_steps_derives_accumulation_and_total():
@@ -110,3 +113,59 @@ def test_optimizer_step_clips_steps_and_clears_the_gradients():
         assert model.weight.detach()[0].tolist() == pytest.approx([1.0 - expected_step[0], 1.0 - expected_step[1]])
         assert model.weight.grad is None and scheduler.last_epoch == 1
         assert grad_norm is None if max_grad_norm == 0 else grad_norm.item() == pytest.approx(5.0)  # before clipping
+
+
+class OneCPUProcess:
+    """The part of an Accelerator that train_step uses, for one process on the CPU."""
+
+    device = torch.device("cpu")
+    clip_grad_norm_ = staticmethod(torch.nn.utils.clip_grad_norm_)
+
+    def no_sync(self, model):
+        return nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
+
+
+def test_train_step_averages_the_micro_batches_then_steps_once():
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    def loss_fn(model, batch):  # mean (w x)^2: loss w^2 mean(x^2), gradient 2 w mean(x^2)
+        loss = model(batch["x"]).square().mean()
+        return loss, {"x_mean": batch["x"].mean()}
+
+    micro_batches = [{"x": torch.tensor([[1.0], [1.0]])}, {"x": torch.tensor([[2.0], [2.0]])}]
+    totals = train_step(
+        "sft", RunDir("run"), 0, OneCPUProcess(), model, optimizer, scheduler, micro_batches, loss_fn, 0.0
+    )
+    # losses 1 and 4, gradients 2 and 8: their means 2.5 and 5; one SGD step w = 1 - 0.1 * 5 = 0.5
+    assert model.weight.item() == pytest.approx(0.5) and model.weight.grad is None
+    assert {key: value.item() for key, value in totals.items()} == pytest.approx({"loss": 2.5, "x_mean": 1.5})
+
+
+def test_train_step_stops_on_a_non_finite_loss_in_one_line():
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(UserError) as info:
+        train_step(
+            "sft",
+            RunDir("run"),
+            3,
+            OneCPUProcess(),
+            model,
+            optimizer,
+            None,
+            [{"x": torch.ones(1, 1)}],
+            lambda model, batch: (model(batch["x"]).sum() * 0.0 + float("inf"), {}),
+            1.0,
+        )
+    checkpoint = Path("run") / "sft" / "checkpoint"
+    assert str(info.value) == (
+        f"sft: non-finite loss (inf) at step 4; the last good checkpoint is kept in {checkpoint}; "
+        "lower sft.lr or check the data"
+    )
