@@ -184,7 +184,15 @@ def main(argv: list[str] | None = None) -> None:
     while iteration < plan.iterations:
         # 4a. Rollouts: each prompt repeated G times, consecutive rows forming its group.
         t0 = time.perf_counter()
-        local_rows = local_prompt_rows(len(prompts.train_ids), plan, iteration, cfg.run.seed, rank, G)
+        local_rows = local_prompt_rows(
+            len(prompts.train_ids),
+            plan.prompts_per_iteration,
+            iteration,
+            cfg.run.seed,
+            rank,
+            accelerator.num_processes,
+            G,
+        )
         policy.eval()
         with accelerator.autocast():
             rollout = generate_rollout(
@@ -386,6 +394,7 @@ def main(argv: list[str] | None = None) -> None:
         eval_samples,
         CURVES + (EVAL_CURVES if gcfg.eval_every else []),
         t_start,
+        {"iterations": iteration},
     )
 
 

@@ -193,7 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     while iteration < plan.iterations:
         # 4a. Rollouts from the current policy (KV-cached generation on left-padded prompts).
         t0 = time.perf_counter()
-        local_rows = local_prompt_rows(len(prompts.train_ids), plan, iteration, cfg.run.seed, rank)
+        local_rows = local_prompt_rows(
+            len(prompts.train_ids), plan.prompts_per_iteration, iteration, cfg.run.seed, rank, accelerator.num_processes
+        )
         model.eval()
         with accelerator.autocast():
             rollout = generate_rollout(
@@ -398,6 +400,7 @@ def main(argv: list[str] | None = None) -> None:
         eval_samples,
         CURVES + (EVAL_CURVES if pcfg.eval_every else []),
         t_start,
+        {"iterations": iteration},
     )
 
 

@@ -285,12 +285,13 @@ def iteration_prompts(n_prompts: int, per_iteration: int, iteration: int, seed: 
 
 
 def local_prompt_rows(
-    n_prompts: int, plan: RLPlan, iteration: int, seed: int, rank: int, group_size: int = 1
+    n_prompts: int, per_iteration: int, iteration: int, seed: int, rank: int, world_size: int, group_size: int = 1
 ) -> list[int]:
-    """This process's prompt indices for one iteration: its slice of `iteration_prompts`, each
-    repeated group_size times, so consecutive rows form a group."""
-    rows = iteration_prompts(n_prompts, plan.prompts_per_iteration, iteration, seed)
-    return [i for i in rows[rank * plan.local_prompts : (rank + 1) * plan.local_prompts] for _ in range(group_size)]
+    """This process's prompt indices for one iteration: its contiguous slice of `iteration_prompts`
+    (per_iteration // world_size prompts), each repeated group_size times, so consecutive rows form a group."""
+    rows = iteration_prompts(n_prompts, per_iteration, iteration, seed)
+    local = per_iteration // world_size
+    return [i for i in rows[rank * local : (rank + 1) * local] for _ in range(group_size)]
 
 
 # ----------------------------------------------------------------------------- checkpoints and logging
@@ -858,18 +859,20 @@ def publish_rl(
     eval_samples: list[dict],
     curves: list[str],
     t_start: float,
+    complete_info: dict[str, int],
 ) -> None:
     """The end of an RL stage. The main process writes `<stage>/model/` (the unwrapped policy in
     Hugging Face format), eval_samples.jsonl, curves.png (the `curves` keys), results.json and the
-    stage's entries in summary.json (timing since `t_start`), then marks the stage complete, which
-    removes its checkpoint. Every process then closes the logger, waits, and prints `final_line`."""
+    stage's entries in summary.json (timing since `t_start`), then marks the stage complete with
+    `complete_info` (how far its loop ran, e.g. {"iterations": 16}), which removes its checkpoint.
+    Every process then closes the logger, waits, and prints `final_line`."""
     if accelerator.is_main_process:
         save_pretrained_atomic(policy, tokenizer, run.model_dir(stage))
         write_jsonl(run.stage(stage) / "eval_samples.jsonl", eval_samples)
         plot_training_curves(logger.history, curves, run.stage(stage) / "curves.png", stage.upper())
         write_json_atomic(run.stage(stage) / "results.json", results)
         run.update_summary({stage: results, "timing_s": {stage: round(time.perf_counter() - t_start, 2)}})
-        run.mark_complete(stage, cfg, {"iterations": results["iterations"]})
+        run.mark_complete(stage, cfg, complete_info)
     logger.close()
     accelerator.wait_for_everyone()
     accelerator.print(final_line(stage, results))

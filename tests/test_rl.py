@@ -18,7 +18,6 @@ from rlhf.models import PolicyAndValue, disable_dropout, reward_scores, token_lo
 from rlhf.rl import (
     AdaptiveKLController,
     FixedKLController,
-    RLPlan,
     accumulation_weights,
     align_values,
     apply_missing_eos_penalty,
@@ -189,18 +188,17 @@ def test_iteration_prompts_walk_a_seeded_permutation():
 
 
 def test_local_prompt_rows_shard_the_iteration_and_repeat_each_prompt_per_group():
-    plan = RLPlan(
-        iterations=5,
-        prompts_per_iteration=4,
-        local_prompts=2,
-        local_batch=6,
-        minibatch_size=6,
-        accumulation=1,
-        optimizer_steps=5,
-    )
     a, b, c, d = iteration_prompts(10, 4, 1, seed=3)
-    assert local_prompt_rows(10, plan, 1, 3, rank=0) == [a, b]
-    assert local_prompt_rows(10, plan, 1, 3, rank=1, group_size=3) == [c, c, c, d, d, d]  # a group is consecutive rows
+    assert local_prompt_rows(10, 4, 1, 3, rank=0, world_size=2) == [a, b]
+    assert local_prompt_rows(10, 4, 1, 3, rank=1, world_size=2, group_size=3) == [
+        c,
+        c,
+        c,
+        d,
+        d,
+        d,
+    ]  # a group is consecutive
+    assert local_prompt_rows(10, 4, 1, 3, rank=0, world_size=1) == [a, b, c, d]
 
 
 def test_load_rl_prompts_dedupes_cuts_from_the_left_and_checks_gold_prompts(tmp_path):
