@@ -216,6 +216,47 @@ class GRPOConfig(RLConfig):
 
 
 @dataclass
+class RAFTConfig(TrainConfig):
+    """RAFT, reward-ranked fine-tuning (Dong et al. 2023, arXiv 2304.06767). One *round* samples
+    `samples_per_prompt` responses to each of `prompts_per_round` training prompts from the current
+    policy, scores them with `reward`, keeps each prompt's `top_k` best and fine-tunes the policy on
+    those with the SFT loss. The optimisation settings are TrainConfig's, applied to each round's kept
+    responses; one optimizer and one learning-rate schedule run across all rounds."""
+
+    rounds: int = 10  # sample -> rank -> fine-tune cycles (Dong et al.'s stages)
+    prompts_per_round: int = 256  # distinct training prompts per round (all processes)
+    samples_per_prompt: int = 8  # N responses sampled and ranked per prompt (Dong et al.'s K; they compare 8 to 32)
+    top_k: int = 1  # responses kept per prompt, best first; 1 keeps the best of N (Dong et al.), must be < N
+    # ranking score (rlhf/rewards.py), as ppo.reward and grpo.reward: "model" (the run's reward model),
+    # "package.module:function" (e.g. rlhf.task:gold_rewards), or a weighted sum "model + 0.5*package.module:function"
+    reward: str = "model"
+    # subtracted from the score of a response with no EOS before ranking (as in PPO and GRPO), so an
+    # unfinished response is kept only when every sample of its prompt scores lower
+    missing_eos_penalty: float = 1.0
+    max_new_tokens: int = 64  # response budget in tokens; a response without EOS by then is unfinished
+    # sampling temperature (Dong et al.'s lambda), as PPO and GRPO (Huang et al. 2024); must be > 0, or the N
+    # samples of a prompt are identical
+    temperature: float = 0.7
+    lr: float = 2e-5  # peak learning rate (that of LMFlow's RAFT scripts, Dong et al.'s code)
+    epochs: float = 1.0  # passes over each round's kept responses (fractions allowed)
+    max_steps: int | None = None  # cap on optimizer steps per round (None: from epochs)
+    # per-process batch for no-grad passes: sampling, reward scoring and the held-out evaluations
+    eval_batch_size: int = 32
+    # over all rounds' optimizer steps; constant, since every round fine-tunes on new samples
+    scheduler: str = "constant"
+    # rounds between held-out evaluations of the policy (RM score, gold score, KL to SFT as raft/eval/*), plus one
+    # before training; 0: only the final one
+    eval_every: int = 0
+    save_every: int = 1  # rounds between resumable checkpoints; 0: never
+    eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy, same seed and settings
+    samples_every: int = 1  # rounds between appends of kept samples to samples.jsonl; 0: never
+    num_samples: int = 4  # kept samples (prompt, response, score) appended each time
+    # torch intra-op threads when running on CPU; 0: torch's default (one per core). 1 is far faster on a CPU shared
+    # with other jobs
+    cpu_threads: int = 0
+
+
+@dataclass
 class EvalConfig:
     num_prompts: int = 500  # held-out (test-split) prompts every model answers
     batch_size: int = 64  # prompts per generate() call and rows per forward-only chunk
@@ -241,6 +282,7 @@ class Config:
     dpo: DPOConfig = field(default_factory=DPOConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    raft: RAFTConfig = field(default_factory=RAFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     judge: JudgeSettings = field(default_factory=JudgeSettings)
 

@@ -65,7 +65,7 @@ from torch import Tensor
 from rlhf import task
 from rlhf.batching import encode_texts
 from rlhf.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
-from rlhf.config import Config, GRPOConfig, PPOConfig, RLConfig
+from rlhf.config import Config, GRPOConfig, PPOConfig, RAFTConfig, RLConfig
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.losses import GRPO_NORMALIZERS
@@ -159,8 +159,8 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_s
     )
 
 
-def check_rl_config(stage: str, rcfg: RLConfig) -> None:
-    """Rules both RL stages share: eval_every >= 0, and a reward spec that parses and imports."""
+def check_rl_config(stage: str, rcfg: RLConfig | RAFTConfig) -> None:
+    """Rules every online stage (PPO, GRPO, RAFT) shares: eval_every >= 0, and a reward spec that parses and imports."""
     if rcfg.eval_every < 0:
         raise UserError(f"{stage}.eval_every={rcfg.eval_every} must be >= 0 (0: only the final evaluation)")
     load_reward_source(stage, rcfg.reward)
