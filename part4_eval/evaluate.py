@@ -3,7 +3,7 @@
     python part4_eval/evaluate.py --preset tiny
 
 Reads the run's data, SFT policy (also the KL reference), reward model, and whichever of the
-PPO, GRPO and DPO policies completed; writes `<run>/eval/`: one JSONL of responses per model,
+PPO, GRPO, RAFT and DPO policies completed; writes `<run>/eval/`: one JSONL of responses per model,
 best-of-N from SFT, pairwise win rates from every available judge, the failure suites, and
 `eval.*` in summary.json. Every model is sampled with the same decoding settings and seed.
 """
@@ -29,7 +29,7 @@ from rlhf.run import write_json_atomic
 from rlhf.training import make_accelerator
 from rlhf.winrates import agreement, agreement_by_group, length_controlled_win_rate
 
-POLICY_STAGES = ("ppo", "grpo", "dpo")
+POLICY_STAGES = ("ppo", "grpo", "raft", "dpo")
 SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites; the embedded task has its own
 
 

@@ -81,6 +81,12 @@ REPORT_CURVE_KEYS = {
         "grpo/objective/zero_std_groups",
         "grpo/responses/length_mean",
     ],
+    "raft": [
+        "raft/objective/scores",
+        "raft/selected/score_mean",
+        "raft/train/loss",
+        "raft/responses/length_mean",
+    ],
     "dpo": [
         "dpo/train/loss",
         "dpo/train/rewards/accuracies",

@@ -16,16 +16,17 @@ import re
 from dataclasses import dataclass, field
 
 NA = "n/a"
-TRAINED_STAGES = ("sft", "reward", "ppo", "grpo", "dpo")
-POLICY_STAGES = ("ppo", "grpo", "dpo")  # trained policies the evaluation is expected to include
+TRAINED_STAGES = ("sft", "reward", "ppo", "grpo", "raft", "dpo")
+POLICY_STAGES = ("ppo", "grpo", "raft", "dpo")  # trained policies the evaluation is expected to include
 SUMMARY_SECTION = {"reward": "reward_model"}  # stage name -> its summary.json section, where they differ
-MODEL_ORDER = ("base", "sft", "ppo", "grpo", "dpo")  # then best_of_<N>, chosen, and anything else by name
+MODEL_ORDER = ("base", "sft", "ppo", "grpo", "raft", "dpo")  # then best_of_<N>, chosen, and anything else by name
 STAGE_LABELS = {
     "data": "data",
     "sft": "SFT",
     "reward": "reward model",
     "ppo": "PPO",
     "grpo": "GRPO",
+    "raft": "RAFT",
     "dpo": "DPO",
     "eval": "evaluation",
     "report": "report",
@@ -184,11 +185,11 @@ def model_label(name: str) -> str:
         return f"best-of-{match.group(1)}"
     if name == "chosen":
         return "dataset chosen"
-    return {"sft": "SFT", "ppo": "PPO", "grpo": "GRPO", "dpo": "DPO"}.get(name, name)
+    return {"sft": "SFT", "ppo": "PPO", "grpo": "GRPO", "raft": "RAFT", "dpo": "DPO"}.get(name, name)
 
 
 def order_models(names) -> list[str]:
-    """Canonical order: base, sft, ppo, grpo, dpo, best_of_<N> (by N), chosen, then the rest by name."""
+    """Canonical order: base, sft, ppo, grpo, raft, dpo, best_of_<N> (by N), chosen, then the rest by name."""
 
     def key(name: str):
         if name in MODEL_ORDER:
@@ -333,8 +334,9 @@ def section_intro(data: RunData) -> str:
         "# RLHF run report" + (f": preset `{data.preset}`" if data.preset else ""),
         "",
         "This report compares the ways this pipeline aligns a language model to preferences: supervised fine-tuning "
-        "(SFT) on the preferred responses, then a reward model and two online RL methods that optimise it (PPO, GRPO), "
-        "and DPO, which learns from the preference pairs directly. Every number below is read from the run folder"
+        "(SFT) on the preferred responses, then a reward model and three online methods that optimise it (PPO, GRPO, "
+        "and RAFT, which fine-tunes on its own best-of-N samples), and DPO, which learns from the preference pairs "
+        "directly. Every number below is read from the run folder"
         + (f" `{data.run_dir}`" if data.run_dir else "")
         + " by `part4_eval/make_report.py`; nothing is retrained.",
         "",
@@ -687,6 +689,17 @@ STAGE_RESULT_KEYS["grpo"] = (
     ("train_zero_std_groups", "zero-std groups", 3),
     ("time_per_sample_ms", "ms per sample", 1),
 )
+STAGE_RESULT_KEYS["raft"] = (
+    ("episodes", "episodes", 0),
+    ("samples_per_prompt", "samples per prompt N", 0),
+    ("top_k", "kept per prompt", 0),
+    ("reward_mean", "RM reward", 3),
+    ("sft_reward_mean", "SFT RM reward", 3),
+    ("kl_to_ref", "KL to ref", 3),
+    ("gold_score_mean", "gold score", 3),
+    ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
+    ("time_per_sample_ms", "ms per sample", 1),
+)
 
 
 def peak_memory(results: dict) -> str:
@@ -712,8 +725,7 @@ def section_training(data: RunData) -> str:
         if not isinstance(results, dict):
             missing.append(stage)
             continue
-        steps = next((results[k] for k in ("steps", "iterations") if is_number(results.get(k))), None)
-        unit = "iterations" if "iterations" in results and "steps" not in results else "steps"
+        length_key = next((k for k in ("steps", "iterations", "rounds") if is_number(results.get(k))), None)
         shown = [
             f"{label} {fmt(results[key], digits) if not isinstance(results[key], str) else results[key]}"
             for key, label, digits in STAGE_RESULT_KEYS.get(stage, ())
@@ -722,7 +734,7 @@ def section_training(data: RunData) -> str:
         rows.append(
             [
                 STAGE_LABELS[stage],
-                f"{fmt(steps)} {unit}" if steps is not None else NA,
+                f"{fmt(results[length_key])} {length_key}" if length_key is not None else NA,
                 "; ".join(shown) or NA,
                 fmt_seconds(timing.get(stage)),
                 peak_memory(results),

@@ -28,7 +28,7 @@ from pathlib import Path
 from rlhf.config import Config, to_dict
 from rlhf.errors import UserError
 
-STAGES = ("data", "sft", "reward", "ppo", "grpo", "dpo", "eval", "report")
+STAGES = ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo", "eval", "report")
 
 # Config sections each stage reads (beyond `run.seed`), and the stages whose outputs it reads.
 STAGE_SECTIONS = {
@@ -37,6 +37,7 @@ STAGE_SECTIONS = {
     "reward": ("reward",),
     "ppo": ("ppo",),
     "grpo": ("grpo",),
+    "raft": ("raft",),
     "dpo": ("dpo",),
     "eval": ("eval", "judge"),
     "report": (),  # reads no config section: only the run folder's files
@@ -47,8 +48,9 @@ STAGE_INPUTS = {
     "reward": ("data", "sft"),
     "ppo": ("data", "sft", "reward"),
     "grpo": ("data", "sft", "reward"),
+    "raft": ("data", "sft", "reward"),
     "dpo": ("data", "sft"),  # runs after reward in the chain, but never reads the reward model
-    "eval": ("data", "sft", "reward", "ppo", "grpo", "dpo"),  # evaluates whichever policies completed
+    "eval": ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo"),  # evaluates whichever policies completed
     "report": ("eval",),  # eval's fingerprint covers every earlier stage
 }
 STAGE_SCRIPTS = {
@@ -57,6 +59,7 @@ STAGE_SCRIPTS = {
     "reward": "part1_reward/train_reward.py",
     "ppo": "part2_ppo_grpo/train_ppo.py",
     "grpo": "part2_ppo_grpo/train_grpo.py",
+    "raft": "part2_ppo_grpo/train_raft.py",
     "dpo": "part3_dpo/train_dpo.py",
     "eval": "part4_eval/evaluate.py",
     "report": "part4_eval/make_report.py",

@@ -169,6 +169,9 @@ def test_training_row_per_stage_shows_its_final_metrics():
     text = R.section_training(R.RunData(summary=summary))
     assert "| GRPO | 8 iterations | group size G 4; RM reward 0.500 | 2.5 min | 812 MB (max_rss) |" in text
     assert "_PPO: not in this run (no `ppo` section in summary.json)._" in text
+    raft = {"raft": {"rounds": 4, "episodes": 2048, "samples_per_prompt": 4, "top_k": 1, "kl_to_ref": 0.25}}
+    text = R.section_training(R.RunData(summary=raft))
+    assert "| RAFT | 4 rounds | episodes 2,048; samples per prompt N 4; kept per prompt 1; KL to ref 0.250 |" in text
 
 
 def test_a_section_that_breaks_becomes_a_visible_note():
