@@ -237,12 +237,12 @@ class RAFTConfig(TrainConfig):
     # sampling temperature (Dong et al.'s lambda), as PPO and GRPO (Huang et al. 2024); must be > 0, or the N
     # samples of a prompt are identical
     temperature: float = 0.7
-    lr: float = 2e-5  # peak learning rate (that of LMFlow's RAFT scripts, Dong et al.'s code)
+    lr: float = 2e-5  # learning rate (LMFlow's RAFT aligner, Dong et al.'s code: 2e-5, constant)
     epochs: float = 1.0  # passes over each round's kept responses (fractions allowed)
     max_steps: int | None = None  # cap on optimizer steps per round (None: from epochs)
     # per-process batch for no-grad passes: sampling, reward scoring and the held-out evaluations
     eval_batch_size: int = 32
-    # over all rounds' optimizer steps; constant, since every round fine-tunes on new samples
+    # over all rounds' optimizer steps; constant (as LMFlow's RAFT scripts), since every round brings new samples
     scheduler: str = "constant"
     # rounds between held-out evaluations of the policy (RM score, gold score, KL to SFT as raft/eval/*), plus one
     # before training; 0: only the final one

@@ -9,7 +9,8 @@ Metrics (keys `raft/<group>/<name>`, one row per round; the groups RAFT shares w
 responses/*, gold/*, reward/*, time/*, memory/* and eval/*, are defined in rlhf/rl.py)
 -------------------------------------------------------------------------------------------------
 objective/scores            mean score of all the round's samples (`raft.reward`, after the missing-EOS penalty)
-objective/tied_prompts      share of prompts whose N scores are all equal: ranking has nothing to choose from
+objective/tied_prompts      share of prompts whose N scores are all equal (mostly N identical responses):
+                            ranking has nothing to choose from
 selected/score_mean         mean score of the kept samples (never below objective/scores: a prompt's best
                             k are at least its mean)
 selected/length_mean, selected/eos_rate   length (tokens, EOS included) and EOS rate of the kept samples
