@@ -16,22 +16,22 @@ from rlhf import task
 from rlhf.batching import encode_texts
 from rlhf.checkpoint import fresh_tmp, publish_dir
 from rlhf.cli import run_stage, start_stage
-from rlhf.data import DROP_REASONS, ParsedPair, count_reasons, load_raw_splits, parse_pair, prompt_split, write_jsonl
+from rlhf.data import (
+    DROP_HINTS,
+    DROP_REASONS,
+    ParsedPair,
+    check_invalid_share,
+    check_splits_not_empty,
+    count_reasons,
+    load_raw_splits,
+    parse_pair,
+    prompt_split,
+    write_jsonl,
+)
 from rlhf.errors import UserError
-from rlhf.models import load_pretrained_tokenizer, train_tokenizer
+from rlhf.models import check_model_sources, load_pretrained_tokenizer, train_tokenizer
 from rlhf.plots import plot_length_distributions
 from rlhf.run import write_json_atomic
-
-DROP_HINTS = {
-    "malformed": "rows need string 'chosen' and 'rejected' fields",
-    "no_assistant_turn": "each dialogue needs a '\\n\\nAssistant:' turn",
-    "diverging_prompts": "chosen and rejected must share every turn before the final response",
-    "tie": "chosen and rejected responses are identical",
-    "empty_response": "a response is empty",
-    "response_too_short": "raise data.min_response_tokens",
-    "response_too_long": "raise data.max_response_tokens",
-    "prompt_too_long": "raise data.max_prompt_tokens",
-}
 
 
 def embedded_raw_splits(cfg) -> dict[str, list[dict]]:
@@ -79,7 +79,7 @@ def length_stats(lengths: dict[str, list[int]]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("data", argv)
+    started = start_stage("data", argv, check=lambda cfg: check_model_sources(cfg.tokenizer, cfg.model))
     if started is None:
         return
     cfg, run = started
@@ -102,12 +102,14 @@ def main(argv: list[str] | None = None) -> None:
         parsed = [(parse_pair(raw), raw) for raw in raw_rows]
         kept[split] = [to_row(p, raw) for p, raw in parsed if isinstance(p, ParsedPair)]
         reasons[split] = [p for p, _ in parsed if isinstance(p, str)]
+    for split, raw_rows in raw_splits.items():
+        check_invalid_share(cfg.data.path, split, reasons[split], len(raw_rows), cfg.data.max_invalid_fraction)
     if not kept["train"]:
         counts = count_reasons(reasons["train"])
         worst = max(counts, key=counts.get)
         raise UserError(
             f"data.path '{cfg.data.path}': no usable training pairs among {len(raw_splits['train'])} rows "
-            f"({counts[worst]} {worst}: {DROP_HINTS[worst]})"
+            f"({counts[worst]} dropped as {worst}); {DROP_HINTS[worst]}"
         )
 
     # 3. The tokenizer every later stage uses: trained on train text offline, else the model's own.
@@ -141,11 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         if cap is not None:
             splits[name] = splits[name][:cap]
             lengths[name] = {key: values[:cap] for key, values in lengths[name].items()}
-    for name in ("train", "val"):
-        if not splits[name]:
-            raise UserError(
-                f"the {name} split is empty after filtering; relax data.max_*_tokens or change data.val_fraction"
-            )
+    check_splits_not_empty(len(splits["train"]), len(splits["val"]), reasons["train"], cfg.data.val_fraction)
 
     # 5. Statistics: the edge-case table, lengths and length bias, and the embedded task's ceiling.
     drops = {split: count_reasons(r) for split, r in reasons.items()}

@@ -19,7 +19,7 @@ from rlhf.batching import collate_sequences, encode_responses, encode_texts
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl, write_jsonl
-from rlhf.models import build_policy, load_tokenizer, token_logprobs
+from rlhf.models import build_policy, check_fits_context, check_model_sources, load_tokenizer, token_logprobs
 from rlhf.ops import masked_sum
 from rlhf.plots import plot_training_curves
 from rlhf.rollout import SamplingConfig, sample_responses
@@ -49,7 +49,9 @@ def validation_nll(model, examples, collate, batch_size, accelerator) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("sft", argv, requires=("data",))
+    started = start_stage(
+        "sft", argv, requires=("data",), check=lambda cfg: check_model_sources(cfg.tokenizer, cfg.model)
+    )
     if started is None:
         return
     cfg, run = started
@@ -75,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. Policy: pretrained, or the architecture with random weights; dropout off.
     model = build_policy(cfg.model, tokenizer)
+    check_fits_context(model.config, cfg.data)
     accelerator.print(
         f"[sft] policy: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
     )

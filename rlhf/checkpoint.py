@@ -9,13 +9,17 @@ and RNG states are loaded with `torch.load(weights_only=True)`.
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
+
+from rlhf.errors import UserError
 
 STATE_FILE = "state.json"
 
@@ -109,13 +113,22 @@ def checkpoint_fingerprint(final: Path) -> str | None:
 
 
 def load_training_state(final: Path, model: torch.nn.Module, optimizer, scheduler) -> dict | None:
-    """Restore everything `save_training_state` wrote; None when there is no complete checkpoint."""
+    """Restore everything `save_training_state` wrote; None when there is no complete checkpoint, a
+    one-line UserError when it cannot be restored (another architecture, a damaged file)."""
     folder = resolve_complete(final, STATE_FILE)
     if folder is None:
         return None
-    load_model(model, str(folder / "model.safetensors"), device=str(next(model.parameters()).device))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
-    if scheduler is not None:
-        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
-    _set_rng_state(torch.load(folder / "rng.pt", weights_only=True))
+    try:
+        load_model(model, str(folder / "model.safetensors"), device=str(next(model.parameters()).device))
+        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
+        if scheduler is not None:
+            scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        _set_rng_state(torch.load(folder / "rng.pt", weights_only=True))
+    except (OSError, RuntimeError, ValueError, KeyError, SafetensorError, pickle.UnpicklingError) as exc:
+        # another architecture (missing or mis-shaped weights) or a damaged file: never half a resume
+        detail = " ".join(str(exc).split())[:200]
+        raise UserError(
+            f"cannot resume from {folder} ({type(exc).__name__}: {detail}); it does not fit this model or is "
+            "damaged: delete it, or pass --force to start over"
+        ) from None
     return json.loads((folder / STATE_FILE).read_text())

@@ -1,9 +1,9 @@
 """Typed configuration: one dataclass per section, loaded from a YAML preset plus
 `section.key=value` overrides.
 
-Every field has a docstring-style comment; unknown keys and wrong types fail at
-start-up with one line naming the nearest valid key. Derived quantities (gradient
-accumulation, world size) are computed by the stages once the accelerator exists.
+Every field has a docstring-style comment; unknown keys, wrong types and counts below 1
+(`validate`) fail at start-up with one line naming the nearest valid key or the fix. Derived
+quantities (gradient accumulation, world size) are computed by the stages once the accelerator exists.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,10 @@ class DataConfig:
     min_response_tokens: int = 1  # responses shorter than this are dropped (counted as response_too_short)
     max_train_pairs: int | None = None  # subsample train after filtering (None: all)
     max_eval_pairs: int | None = None  # cap val and test after filtering (None: all)
+    # share of a split's rows that may be invalid (not JSON, no string chosen/rejected, no "\n\nAssistant:" turn):
+    # up to it they are counted (data.dropped) and skipped; above it the data stage stops, since the file is most
+    # likely in another format. 0: any invalid row stops it; 1: never stop
+    max_invalid_fraction: float = 0.05
     embedded: EmbeddedTaskConfig = field(default_factory=EmbeddedTaskConfig)
 
 
@@ -307,7 +312,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise UserError(f"config file not found: {path}")
+            raise UserError(
+                f"config file not found: {path}; give an existing YAML file, or --preset with one of: "
+                f"{', '.join(available_presets())}"
+            )
         try:
             tree = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
@@ -320,7 +328,62 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         if not sep or not key:
             raise UserError(f"bad override '{item}': expected section.key=value")
         set_key(cfg, key.strip(), raw)
+    validate(cfg)
     return cfg
+
+
+# Keys that count something (examples, tokens, steps, prompts), matched by their last name in every section
+# (sft.batch_size, ppo.batch_size, ...): below 1 nothing could run, or a batch plan divides by zero. None: no cap.
+COUNT_KEYS = (
+    "batch_size",
+    "micro_batch_size",
+    "eval_batch_size",
+    "forward_batch_size",
+    "num_minibatches",
+    "epochs",
+    "max_steps",
+    "total_episodes",
+    "max_new_tokens",
+    "max_prompt_tokens",
+    "max_response_tokens",
+    "max_train_pairs",
+    "max_eval_pairs",
+    "n_train_pairs",
+    "n_test_pairs",
+    "vocab_size",
+    "log_every",
+    "num_prompts",
+    "best_of_n",
+)
+
+
+def require_positive(node: Any, keys: Iterable[str], prefix: str) -> None:
+    """One-line UserError for the first of `keys` (fields of `node`) that is not positive: an int
+    below 1 or a float not above 0. None passes (it means "no cap")."""
+    for key in keys:
+        value = getattr(node, key)
+        if value is None or value > 0:
+            continue
+        bound = "at least 1" if isinstance(value, int) else "> 0"
+        raise UserError(f"{prefix}.{key}={value} must be {bound}; set {prefix}.{key} to a positive number")
+
+
+def validate(cfg: Config) -> None:
+    """Rules every stage shares, checked once at load time: counts are positive, shares lie in
+    [0, 1], and the judge settings are usable. Stage-specific rules stay with their stages."""
+    for dotted in all_keys(cfg):
+        section, _, leaf = dotted.rpartition(".")
+        if leaf in COUNT_KEYS:
+            node = cfg
+            for name in section.split("."):
+                node = getattr(node, name)
+            require_positive(node, [leaf], section)
+    if not 0 <= cfg.data.max_invalid_fraction <= 1:
+        raise UserError(
+            f"data.max_invalid_fraction={cfg.data.max_invalid_fraction} must lie in [0, 1]; "
+            "0 stops at the first invalid row, 1 never stops"
+        )
+    cfg.judge.validate()
 
 
 def set_key(cfg: Config, dotted: str, raw: Any) -> None:
@@ -354,7 +417,19 @@ def _assign(cfg: Config, node: Any, key: str, value: Any, dotted: str) -> None:
         for child_key, child_value in value.items():
             _assign(cfg, getattr(node, key), str(child_key), child_value, f"{dotted}.{child_key}")
     else:
-        setattr(node, key, coerce(value, hint, dotted))
+        try:
+            setattr(node, key, coerce(value, hint, dotted))
+        except UserError as exc:
+            current = getattr(node, key)
+            fix = "give a value of that type, or null" if current is None else f"e.g. {dotted}={_spelled(current)}"
+            raise UserError(f"{exc}; {fix}") from None
+
+
+def _spelled(value: Any) -> str:
+    """A value as it would be written in an override (the current one serves as an example)."""
+    if isinstance(value, (bool, dict)):
+        return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip().removesuffix("...").strip()
+    return str(value)
 
 
 # Spellings users bring from other trainers (transformers.TrainingArguments, TRL).

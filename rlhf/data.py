@@ -36,6 +36,20 @@ DROP_REASONS = (
     "response_too_long",  # more than data.max_response_tokens tokens
     "prompt_too_long",  # more than data.max_prompt_tokens tokens
 )
+# What the user can do about each reason, for the one-line errors of the data stage.
+DROP_HINTS = {
+    "malformed": "each row must be a JSON object with string 'chosen' and 'rejected' fields",
+    "no_assistant_turn": "each dialogue needs a '\\n\\nAssistant:' turn",
+    "diverging_prompts": "chosen and rejected must share every turn before the final response",
+    "tie": "chosen and rejected responses must differ",
+    "empty_response": "responses must not be empty",
+    "response_too_short": "lower data.min_response_tokens",
+    "response_too_long": "raise data.max_response_tokens",
+    "prompt_too_long": "raise data.max_prompt_tokens",
+}
+# Rows that are not HH pairs at all (as opposed to pairs filtered by design): counted and skipped up
+# to data.max_invalid_fraction of a split, see `check_invalid_share`.
+INVALID_REASONS = ("malformed", "no_assistant_turn")
 
 
 @dataclass(frozen=True)
@@ -107,7 +121,10 @@ def local_files(path: str) -> dict[str, list[Path]]:
         else sorted(p for p in root.rglob("*") if p.is_file() and p.name.endswith(LOCAL_SUFFIXES))
     )
     if not files:
-        raise UserError(f"data.path '{path}' holds no .jsonl, .jsonl.gz, .json or .parquet files")
+        raise UserError(
+            f"data.path '{path}' holds no .jsonl, .jsonl.gz, .json or .parquet files; "
+            "put HH-format files in it, or point data.path at one"
+        )
     if root.is_file() and not root.name.endswith(LOCAL_SUFFIXES):
         raise UserError(f"data.path '{path}' has an unsupported suffix; use one of {', '.join(LOCAL_SUFFIXES)}")
     splits: dict[str, list[Path]] = {"train": [], "test": []}
@@ -120,9 +137,17 @@ def read_rows(file: Path) -> Iterable[object]:
     """Yield raw rows of one local file. A malformed JSON line is yielded as None (counted as malformed)."""
     name = file.name
     if name.endswith(".parquet"):
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        yield from pq.read_table(file).to_pylist()
+        try:
+            table = pq.read_table(file)
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise UserError(
+                f"cannot read {file} as Parquet ({' '.join(str(exc).split())[:200]}); "
+                "check that it is a complete Parquet file, or convert it to .jsonl"
+            ) from None
+        yield from table.to_pylist()
         return
     opener = gzip.open if name.endswith(".gz") else open
     try:
@@ -136,7 +161,10 @@ def read_rows(file: Path) -> Iterable[object]:
                         'HH .json files hold a list of {"chosen", "rejected"} rows'
                     ) from None
                 if not isinstance(payload, list):
-                    raise UserError(f'{file} must hold a JSON list of {{"chosen", "rejected"}} rows')
+                    raise UserError(
+                        f"{file} holds a JSON {type(payload).__name__}, not a list; "
+                        'HH .json files hold a list of {"chosen", "rejected"} rows'
+                    )
                 yield from payload
                 return
             for line in handle:
@@ -146,7 +174,10 @@ def read_rows(file: Path) -> Iterable[object]:
                     except json.JSONDecodeError:
                         yield None
     except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read {file}: {exc}") from None
+        raise UserError(
+            f"cannot read {file}: {' '.join(str(exc).split())[:200]}; "
+            "check that it is complete, UTF-8 text and in the format its suffix names"
+        ) from None
 
 
 def load_raw_splits(path: str) -> dict[str, list[object]]:
@@ -157,7 +188,8 @@ def load_raw_splits(path: str) -> dict[str, list[object]]:
         splits = _load_hub(path)
     if not splits["train"]:
         raise UserError(
-            f"data.path '{path}' has no training rows (a file whose name contains 'test' is used as the test split)"
+            f"data.path '{path}' has no training rows; give a non-empty HH-format file "
+            "(a file whose name contains 'test' is used as the test split)"
         )
     return splits
 
@@ -201,3 +233,33 @@ def read_jsonl(path: Path) -> list[dict]:
 def count_reasons(reasons: Iterable[str]) -> dict[str, int]:
     counts = Counter(reasons)
     return {reason: counts.get(reason, 0) for reason in DROP_REASONS}
+
+
+def check_invalid_share(source: str, split: str, reasons: Iterable[str], n_rows: int, max_fraction: float) -> None:
+    """Invalid rows (INVALID_REASONS) are counted and skipped up to `max_fraction` of a split's
+    `n_rows` (data.max_invalid_fraction); more means the file is not in HH format: a one-line error."""
+    counts = count_reasons(reasons)
+    n_invalid = sum(counts[reason] for reason in INVALID_REASONS)
+    if n_rows and n_invalid > max_fraction * n_rows:
+        worst = max(INVALID_REASONS, key=counts.get)
+        raise UserError(
+            f"data.path '{source}': {n_invalid} of {n_rows} {split} rows are invalid "
+            f"({counts[worst]} {worst}: {DROP_HINTS[worst]}), more than data.max_invalid_fraction={max_fraction:g}; "
+            "fix the file, or raise data.max_invalid_fraction to skip them"
+        )
+
+
+def check_splits_not_empty(n_train: int, n_val: int, train_reasons: Iterable[str], val_fraction: float) -> None:
+    """Train and val must both hold pairs after filtering; the one-line error names the cause: the
+    commonest drop reason when nothing survived, else the validation share."""
+    if n_train and n_val:
+        return
+    if n_train or n_val:
+        empty = "val" if n_train else "train"
+        fix = "raise it (or give more prompts)" if empty == "val" else "lower it below 1"
+        raise UserError(f"the {empty} split is empty with data.val_fraction={val_fraction}; {fix}")
+    counts = count_reasons(train_reasons)
+    worst = max(counts, key=counts.get)
+    raise UserError(
+        f"the train split is empty after filtering ({counts[worst]} pairs dropped as {worst}); {DROP_HINTS[worst]}"
+    )

@@ -28,8 +28,9 @@ The LLM judge, in detail
   (max_retries=0) and `_request` retries 408/409/429/5xx, timeouts and connection errors with
   exponential backoff and jitter (honouring Retry-After), up to `max_retries` retries. A request
   that still fails becomes a *failed* judgment (verdict "invalid", `error` set, not cached);
-  every completed judgment is kept. 401/403/404 would fail every request, so the first one stops
-  the batch and the rest are reported as not attempted.
+  every completed judgment is kept. 401/403/404 would fail every request, and so would a server
+  that still cannot be reached after the retries (connection refused, unknown host; not a
+  timeout), so the first one stops the batch and the rest are reported as not attempted.
 - Cache (`JudgmentCache`): JSONL, append-only, one line per completed judgment, flushed and
   fsynced as it arrives, keyed by sha256(model, prompt version, prompt, first response, second
   response); the order is which response is shown first. A re-run bills nothing already judged
@@ -612,6 +613,11 @@ class OpenAIJudge(Judge):
                 response = client.chat.completions.create(
                     model=s.model, messages=format_judge_prompt(*item), temperature=0.0, max_tokens=s.max_tokens
                 )
+                if not hasattr(response, "choices"):  # e.g. an HTML page: not an OpenAI-compatible endpoint
+                    raise ValueError(
+                        f"the server's answer is not a chat completion ({str(response)[:60]!r}); "
+                        "check that judge.base_url is an OpenAI-compatible /v1 endpoint"
+                    )
                 choices = response.choices or []
                 answer = choices[0].message.content if choices else None
                 if answer is None:
@@ -634,6 +640,15 @@ class OpenAIJudge(Judge):
                 if not (isinstance(err, retryable) or status in (408, 409) or (status or 0) >= 500):
                     return Judgment("invalid", error=message, attempts=attempts)
                 if attempts > s.max_retries:
+                    if isinstance(err, openai.APIConnectionError) and not isinstance(err, openai.APITimeoutError):
+                        # nothing answers at that address: every other request would fail the same way
+                        stop.set()
+                        message += (
+                            f" (gave up after {attempts} attempts; nothing answers at "
+                            f"{_public_url(self.base_url) or 'api.openai.com'}: check judge.base_url or "
+                            f"{BASE_URL_ENV})"
+                        )
+                        return Judgment("invalid", error=message, attempts=attempts)
                     return Judgment(
                         "invalid", error=f"{message} (gave up after {attempts} attempts)", attempts=attempts
                     )

@@ -12,13 +12,16 @@ Contracts every stage relies on:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
-from rlhf.config import ModelConfig, RewardConfig, TokenizerConfig
+from rlhf.config import DataConfig, ModelConfig, RewardConfig, TokenizerConfig
 from rlhf.errors import UserError
 from rlhf.ops import gather_logprobs
 
@@ -51,6 +54,18 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     )
 
 
+def check_model_source(key: str, source: str | None) -> None:
+    """A source spelled as a filesystem path (/, ./, ../, ~) must exist: the Hub cannot serve it either."""
+    if source is not None and source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
+        raise UserError(f"{key} '{source}' does not exist; give an existing model folder or a Hub id")
+
+
+def check_model_sources(tok_cfg: TokenizerConfig, model_cfg: ModelConfig) -> None:
+    """Start-up check, before any data or model loads: the local tokenizer and model folders exist."""
+    check_model_source("tokenizer.name_or_path", tok_cfg.name_or_path)
+    check_model_source("model.name_or_path", model_cfg.name_or_path)
+
+
 def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig):
     """The model's own tokenizer, given a pad token distinct from EOS when it has none."""
     from transformers import AutoTokenizer
@@ -60,6 +75,7 @@ def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig):
         raise UserError(
             "no tokenizer source: set tokenizer.name_or_path or model.name_or_path, or tokenizer.train_from_data=true"
         )
+    check_model_source("tokenizer.name_or_path" if tok_cfg.name_or_path else "model.name_or_path", source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
@@ -78,7 +94,8 @@ def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig):
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    with stage_model_errors(path):
+        return AutoTokenizer.from_pretrained(str(path))
 
 
 # ----------------------------------------------------------------------------- policies
@@ -98,6 +115,7 @@ def _architecture_config(model_cfg: ModelConfig):
     from transformers import AutoConfig
 
     if model_cfg.name_or_path is not None:
+        check_model_source("model.name_or_path", model_cfg.name_or_path)
         try:
             config = AutoConfig.from_pretrained(model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
         except (OSError, ValueError) as exc:
@@ -136,6 +154,11 @@ def build_policy(model_cfg: ModelConfig, tokenizer) -> nn.Module:
                 use_safetensors=True,
                 trust_remote_code=model_cfg.trust_remote_code,
             )
+        except SafetensorError as exc:
+            raise UserError(
+                f"the weights of model '{model_cfg.name_or_path}' are damaged ({' '.join(str(exc).split())}); "
+                "download them again, or point model.name_or_path at another copy"
+            ) from None
         except (OSError, ValueError) as exc:
             raise UserError(
                 f"cannot load model '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); "
@@ -153,10 +176,42 @@ def build_policy(model_cfg: ModelConfig, tokenizer) -> nn.Module:
     return model
 
 
+@contextmanager
+def stage_model_errors(path: Path) -> Iterator[None]:
+    """A stage output folder that cannot be loaded (missing files, damaged weights) as a one-line UserError."""
+    try:
+        yield
+    except (OSError, SafetensorError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        raise UserError(
+            f"cannot load {path} ({type(exc).__name__}: {detail}); the folder is incomplete or damaged: "
+            "re-run the stage that wrote it with --force"
+        ) from None
+
+
+def context_length(config) -> int | None:
+    """Positions the model can attend over, from its config (None when it sets no limit)."""
+    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+
+def check_fits_context(config, data_cfg: DataConfig) -> None:
+    """The longest sequence the data stage lets through (prompt + response + EOS) must fit the model's
+    positions; past them a training step fails on an index error, possibly hours in."""
+    context = context_length(config)
+    longest = data_cfg.max_prompt_tokens + data_cfg.max_response_tokens + 1
+    if context is not None and longest > context:
+        raise UserError(
+            f"data.max_prompt_tokens={data_cfg.max_prompt_tokens} + data.max_response_tokens="
+            f"{data_cfg.max_response_tokens} + 1 (EOS) = {longest} tokens exceeds the model's {context} positions; "
+            "lower them (and re-run the data stage) or use a model with a longer context"
+        )
+
+
 def load_policy(path: Path) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True)
+    with stage_model_errors(path):
+        model = AutoModelForCausalLM.from_pretrained(str(path), use_safetensors=True)
     disable_dropout(model)
     return model
 
@@ -226,10 +281,14 @@ def build_reward_model(sft_path: Path, reward_cfg: RewardConfig) -> nn.Module:
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     if reward_cfg.pooling == "last":
-        model = AutoModelForSequenceClassification.from_pretrained(str(sft_path), num_labels=1, use_safetensors=True)
+        with stage_model_errors(sft_path):
+            model = AutoModelForSequenceClassification.from_pretrained(
+                str(sft_path), num_labels=1, use_safetensors=True
+            )
         init_reward_head(model.score)
     elif reward_cfg.pooling == "mean":
-        backbone = AutoModel.from_pretrained(str(sft_path), use_safetensors=True)
+        with stage_model_errors(sft_path):
+            backbone = AutoModel.from_pretrained(str(sft_path), use_safetensors=True)
         model = MeanPoolRewardModel(backbone, reward_cfg.head_hidden, reward_cfg.head_dropout)
         init_reward_head(model.head[0])
         init_reward_head(model.head[-1])
@@ -244,14 +303,15 @@ def load_reward_model(path: Path) -> nn.Module:
     from safetensors.torch import load_file
     from transformers import AutoModel, AutoModelForSequenceClassification
 
-    info = json.loads((path / REWARD_CONFIG_FILE).read_text())
-    if info["pooling"] == "last":
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True)
-    else:
-        model = MeanPoolRewardModel(
-            AutoModel.from_pretrained(str(path), use_safetensors=True), info["head_hidden"], 0.0
-        )
-        model.head.load_state_dict(load_file(str(path / MEAN_POOL_HEAD_FILE)))
+    with stage_model_errors(path):
+        info = json.loads((path / REWARD_CONFIG_FILE).read_text())
+        if info["pooling"] == "last":
+            model = AutoModelForSequenceClassification.from_pretrained(str(path), use_safetensors=True)
+        else:
+            model = MeanPoolRewardModel(
+                AutoModel.from_pretrained(str(path), use_safetensors=True), info["head_hidden"], 0.0
+            )
+            model.head.load_state_dict(load_file(str(path / MEAN_POOL_HEAD_FILE)))
     disable_dropout(model)
     model.reward_offset = info.get("offset_not_folded", 0.0)
     return model

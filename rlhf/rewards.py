@@ -164,6 +164,18 @@ def call_reward_function(source: str, function: RewardFunction, prompts: list[st
     return torch.tensor(scores, dtype=torch.float32)
 
 
+def check_finite_model_scores(key: str, scores: Tensor) -> None:
+    """A NaN or infinite reward-model score would turn the loss non-finite a step later, with a
+    misleading hint; stop here and name the model as the cause."""
+    bad = ~torch.isfinite(scores)
+    if bad.any():
+        raise UserError(
+            f"{key}: the reward model gave {int(bad.sum())} of {scores.numel()} responses a non-finite score "
+            f"({scores[bad][0].item()}); the reward model is broken: re-train it "
+            "(part1_reward/train_reward.py --force, e.g. with a lower reward.lr)"
+        )
+
+
 def combine_rewards(weights: list[float], scores: list[Tensor]) -> Tensor:
     """sum_k weights[k] * scores[k]: K tensors of shape (B,) -> (B,), in float32 or wider."""
     total = torch.zeros_like(scores[0], dtype=torch.promote_types(scores[0].dtype, torch.float32))
@@ -205,6 +217,7 @@ class RewardSource:
             if term.source == MODEL:
                 if model_scores is None:
                     raise ValueError(f"{self.key}: the spec uses the reward model but no model scores were given")
+                check_finite_model_scores(self.key, model_scores)
                 parts[term.name] = model_scores.float()
             else:
                 parts[term.name] = call_reward_function(

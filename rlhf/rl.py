@@ -64,11 +64,12 @@ from torch import Tensor
 
 from rlhf import task
 from rlhf.batching import encode_texts
-from rlhf.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
-from rlhf.config import Config, GRPOConfig, PPOConfig, RAFTConfig, RLConfig
+from rlhf.checkpoint import checkpoint_fingerprint, load_training_state, save_pretrained_atomic, save_training_state
+from rlhf.config import Config, GRPOConfig, PPOConfig, RAFTConfig, RLConfig, require_positive
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.losses import GRPO_NORMALIZERS
+from rlhf.models import context_length, stage_model_errors
 from rlhf.ops import entropy_from_logits, gather_logprobs, kl_k1, last_true_index, masked_sum, upcast
 from rlhf.plots import plot_training_curves
 from rlhf.rewards import load_reward_source
@@ -103,9 +104,7 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_s
         "max_new_tokens",
         "total_episodes",
     ]
-    for key in positive:
-        if getattr(rcfg, key) < 1:
-            raise UserError(f"{stage}.{key}={getattr(rcfg, key)} must be at least 1")
+    require_positive(rcfg, positive, stage)
     if rcfg.temperature <= 0:
         raise UserError(
             f"{stage}.temperature={rcfg.temperature} must be > 0: "
@@ -113,16 +112,13 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_s
         )
     if rcfg.clip <= 0 or (rcfg.clip_high is not None and rcfg.clip_high <= 0):
         raise UserError(f"{stage}.clip and {stage}.clip_high must be > 0")
-    if rcfg.batch_size % group_size:
-        raise UserError(
-            f"{stage}.batch_size={rcfg.batch_size} must be divisible by {stage}.group_size={group_size} "
-            "(whole groups per batch)"
-        )
+    check_whole_groups(stage, rcfg.batch_size, group_size)
     prompts = rcfg.batch_size // group_size
     if prompts % world_size:
         raise UserError(
             f"{stage}.batch_size={rcfg.batch_size} gives {prompts} prompts per iteration, "
-            f"not divisible by {world_size} processes"
+            f"not divisible by {world_size} processes; set {stage}.batch_size to a multiple of "
+            f"{group_size * world_size}, or change the number of processes"
         )
     local_prompts = prompts // world_size
     local_batch = local_prompts * group_size
@@ -159,6 +155,15 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_s
     )
 
 
+def check_whole_groups(stage: str, batch_size: int, group_size: int) -> None:
+    """A rollout batch holds whole groups of `group_size` responses per prompt."""
+    if batch_size % group_size:
+        raise UserError(
+            f"{stage}.batch_size={batch_size} must be divisible by {stage}.group_size={group_size} "
+            f"(whole groups per batch); set {stage}.batch_size to a multiple of {group_size}"
+        )
+
+
 def check_rl_config(stage: str, rcfg: RLConfig | RAFTConfig) -> None:
     """Rules every online stage (PPO, GRPO, RAFT) shares: eval_every >= 0, and a reward spec that parses and imports."""
     if rcfg.eval_every < 0:
@@ -185,6 +190,7 @@ def check_grpo_config(gcfg: GRPOConfig) -> None:
     check_rl_config("grpo", gcfg)
     if gcfg.group_size < 1 or (gcfg.scale_rewards and gcfg.group_size < 2):
         raise UserError(f"grpo.group_size={gcfg.group_size} must be at least 2 (a group needs a spread of rewards)")
+    check_whole_groups("grpo", gcfg.batch_size, gcfg.group_size)
     if gcfg.loss_normalization not in GRPO_NORMALIZERS:
         raise UserError(
             f"grpo.loss_normalization must be one of {', '.join(sorted(GRPO_NORMALIZERS))}, "
@@ -207,8 +213,9 @@ def context_size(model_dir) -> int | None:
     """Positions the model can attend over, from its config.json (None when it has no limit)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(model_dir))
-    return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    with stage_model_errors(model_dir):
+        config = AutoConfig.from_pretrained(str(model_dir))
+    return context_length(config)
 
 
 def unique_prompts(rows: list[dict]) -> list[str]:
@@ -303,11 +310,12 @@ def load_rl_checkpoint(
     """Restore the stage's last checkpoint (`save_rl_checkpoint`) into the unwrapped model, the
     optimizer, the scheduler and the RNG; -> its state ({"iteration": ..., ...}), or None when
     there is none. One written for another config is an error, not a silent restart."""
-    state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
-    if state is not None and state.get("fingerprint") != run.fingerprint(stage, cfg):
+    # The fingerprint is read before any weights are: a checkpoint of another config may hold another architecture.
+    if checkpoint_fingerprint(run.checkpoint_dir(stage)) not in (None, run.fingerprint(stage, cfg)):
         raise UserError(
             f"{run.checkpoint_dir(stage)} belongs to a different config; delete it or pass --force to start over"
         )
+    state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
     if state is not None:
         accelerator.print(f"[{stage}] resumed from iteration {state['iteration']}/{iterations}")
     return state

@@ -65,7 +65,9 @@ def plan_steps(stage: str, tcfg: TrainConfig, n_examples: int, world_size: int) 
     if tcfg.batch_size % (tcfg.micro_batch_size * world_size):
         raise UserError(
             f"{stage}.batch_size={tcfg.batch_size} must be divisible by "
-            f"{stage}.micro_batch_size={tcfg.micro_batch_size} x {world_size} process(es)"
+            f"{stage}.micro_batch_size={tcfg.micro_batch_size} x {world_size} process(es); "
+            f"set {stage}.batch_size to a multiple of {tcfg.micro_batch_size * world_size}, "
+            f"or change {stage}.micro_batch_size or the number of processes"
         )
     steps_per_epoch = n_examples // tcfg.batch_size
     if steps_per_epoch == 0:

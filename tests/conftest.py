@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_openai import server  # noqa: F401  (the fake OpenAI-compatible judge server, for every test module)
 
 REPO = Path(__file__).resolve().parent.parent
 
