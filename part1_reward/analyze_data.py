@@ -9,7 +9,6 @@ only), the tokenizer every later stage uses, stats.json and lengths.png.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 from rlhf import task
@@ -23,9 +22,11 @@ from rlhf.data import (
     check_invalid_share,
     check_splits_not_empty,
     count_reasons,
+    length_stats,
     load_raw_splits,
     parse_pair,
     prompt_split,
+    token_filter_reason,
     write_jsonl,
 )
 from rlhf.errors import UserError
@@ -49,33 +50,6 @@ def to_row(pair: ParsedPair, raw: dict) -> dict:
     """The processed row: prompt and responses, plus any metadata the source carried (e.g. gold scores)."""
     meta = {key: value for key, value in raw.items() if key not in ("chosen", "rejected")}
     return {"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected, **meta}
-
-
-def token_filter_reason(prompt_len: int, chosen_len: int, rejected_len: int, data_cfg) -> str | None:
-    if min(chosen_len, rejected_len) < data_cfg.min_response_tokens:
-        return "response_too_short"
-    if max(chosen_len, rejected_len) > data_cfg.max_response_tokens:
-        return "response_too_long"
-    if prompt_len > data_cfg.max_prompt_tokens:
-        return "prompt_too_long"
-    return None
-
-
-def length_stats(lengths: dict[str, list[int]]) -> dict[str, float]:
-    chosen, rejected, prompt = lengths["chosen"], lengths["rejected"], lengths["prompt"]
-    if not chosen:
-        return {"n": 0}
-    spread = statistics.pstdev
-    return {
-        "n": len(chosen),
-        "prompt_tokens_mean": statistics.fmean(prompt),
-        "chosen_tokens_mean": statistics.fmean(chosen),
-        "chosen_tokens_std": spread(chosen),
-        "rejected_tokens_mean": statistics.fmean(rejected),
-        "rejected_tokens_std": spread(rejected),
-        "chosen_minus_rejected_mean": statistics.fmean(c - r for c, r in zip(chosen, rejected)),
-        "chosen_longer_fraction": sum(c > r for c, r in zip(chosen, rejected)) / len(chosen),
-    }
 
 
 def main(argv: list[str] | None = None) -> None:

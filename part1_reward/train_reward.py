@@ -2,7 +2,8 @@
 
     python part1_reward/train_reward.py --preset tiny
 
-Reads `<run>/data/` and `<run>/sft/model/`; writes `<run>/reward/model/`, which
+Reads `<run>/data/` and `<run>/sft/model/`, and the collect stage's pairs of SFT samples when
+reward.pairs is `collected` or `both`; writes `<run>/reward/model/`, which
 `AutoModelForSequenceClassification.from_pretrained(path)` loads and scores with no code of
 ours (last-token pooling, the default), plus accuracy, reward distributions and an error
 analysis of the misclassified pairs.
@@ -55,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     #    responses apart: the prompt is encoded once for both (~30% fewer tokens than two rows).
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
-    rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in ("train", "val", "test")}
+    rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in ("val", "test")}
+    rows = {"train": run.training_pairs(cfg.reward.pairs), **rows}  # reward.pairs: dataset, collected or both
     pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
 
     def collate(batch_pairs, response_values=None):
@@ -163,7 +165,12 @@ def main(argv: list[str] | None = None) -> None:
         held_out = {split: [(c - offset, r - offset) for c, r in scores] for split, scores in held_out.items()}
 
     # 5. Held-out accuracy against the labels (and, on the embedded task, against gold).
-    results: dict = {"steps": loop["steps"], "offset": offset}
+    results: dict = {
+        "steps": loop["steps"],
+        "offset": offset,
+        "pairs": cfg.reward.pairs,
+        "train_pairs": len(rows["train"]),
+    }
     analysis: dict = {}
     by_family: dict[str, dict[str, float]] = {}  # embedded task: agreement with gold per prompt family
     for split, scores in held_out.items():

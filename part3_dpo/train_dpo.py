@@ -2,7 +2,8 @@
 
     python part3_dpo/train_dpo.py --preset tiny [dpo.loss_type=ipo] [dpo.precompute_ref=false]
 
-Reads `<run>/data/` and `<run>/sft/model/`: the policy starts from the SFT model and the
+Reads `<run>/data/` (and the collect stage's pairs of SFT samples when dpo.pairs is `collected` or
+`both`: on-policy DPO) and `<run>/sft/model/`: the policy starts from the SFT model and the
 reference IS the SFT model (Rafailov et al. 2023, section 4: pi_ref = pi_SFT). Writes
 `<run>/dpo/model/` in Hugging Face format, plus samples, curves and `dpo.*` in summary.json.
 
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     # 1. Pairs, tokenized once; a seeded subset of train when dpo.max_train_pairs is set.
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
-    rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in SPLITS}
+    rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in SPLITS if split != "train"}
+    rows = {"train": run.training_pairs(dcfg.pairs), **rows}  # dpo.pairs: dataset, collected or both
     if dcfg.max_train_pairs is not None and dcfg.max_train_pairs < len(rows["train"]):
         keep = torch.randperm(len(rows["train"]), generator=torch.Generator().manual_seed(cfg.run.seed))[
             : dcfg.max_train_pairs
@@ -410,6 +412,7 @@ def main(argv: list[str] | None = None) -> None:
         "beta": dcfg.beta,
         "label_smoothing": dcfg.label_smoothing,
         "steps": loop["steps"],
+        "pairs": dcfg.pairs,
         "train_pairs": len(pairs["train"]),
         "reference": "precomputed" if dcfg.precompute_ref else "on_the_fly",
         "ref_cached_splits": cached_splits,

@@ -17,13 +17,14 @@ from pathlib import Path
 import torch
 
 from rlhf import task
-from rlhf.batching import collate_sequences, encode_responses, encode_texts
+from rlhf.batching import encode_texts
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, sequence_kl
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
-from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer, reward_scores
+from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
+from rlhf.rewards import text_scorer
 from rlhf.rollout import Rollout, SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
 from rlhf.run import write_json_atomic
 from rlhf.training import make_accelerator
@@ -110,26 +111,6 @@ def answer(
         kls,
     )
     return answers, token_ids
-
-
-def reward_scorer(reward_model, tokenizer, device, known: dict[tuple[str, str], float], batch_size: int):
-    """score(prompts, responses) for the reward judge: reuses every score already computed."""
-
-    @torch.no_grad()
-    def score(prompts: list[str], responses: list[str]) -> list[float]:
-        missing = sorted({(p, r) for p, r in zip(prompts, responses) if (p, r) not in known})
-        for start in range(0, len(missing), batch_size):
-            chunk = missing[start : start + batch_size]
-            batch = collate_sequences(
-                encode_texts(tokenizer, [p for p, _ in chunk]),
-                encode_responses(tokenizer, [r for _, r in chunk]),
-                tokenizer.pad_token_id,
-            )
-            values = reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
-            known.update(zip(chunk, values.tolist()))
-        return [known[(p, r)] for p, r in zip(prompts, responses)]
-
-    return score
 
 
 def build_judges(cfg, run, is_embedded: bool, scorer) -> tuple[dict, dict]:
@@ -245,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     # 5. Pairwise judges: each policy vs SFT, each pair of policies, and each model vs the dataset's chosen.
     known = {(p, t): r for a in answers.values() for p, t, r in zip(a.prompts, a.texts, a.rewards)}
     judges, skipped = build_judges(
-        cfg, run, is_embedded, reward_scorer(reward_model, tokenizer, device, known, cfg.eval.batch_size)
+        cfg, run, is_embedded, text_scorer(reward_model, tokenizer, device, cfg.eval.batch_size, known)
     )
     contestants = [name for name in answers if name != "sft"]
     pairings = [(name, "sft") for name in contestants]

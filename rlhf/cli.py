@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rlhf.config import Config, load_config, preset_path
 from rlhf.errors import UserError
-from rlhf.run import RunDir
+from rlhf.run import RunDir, config_inputs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,7 +50,8 @@ def start_stage(
 ) -> tuple[Config, RunDir] | None:
     """Parse the command line; None (after saying so) when the stage already completed for this config.
 
-    `check` (config-only rules) must pass, and then the input stages in `requires` must be complete
+    `check` (config-only rules) must pass, and then the input stages in `requires` (and those the
+    config adds, `rlhf.run.config_inputs`, e.g. `collect` for reward.pairs=collected) must be complete
     for this config, before the stage's own completion marker is cleared: a mistyped re-run fails
     in one line and leaves the finished stage as it was.
     """
@@ -60,7 +61,7 @@ def start_stage(
         return None
     if check is not None:
         check(cfg)
-    for upstream in requires:
+    for upstream in (*requires, *config_inputs(stage, cfg)):
         run.require(upstream, cfg)
     run.clear_complete(stage)
     if force:

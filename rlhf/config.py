@@ -117,6 +117,8 @@ class RewardConfig(TrainConfig):
     # weight of an auxiliary loss: a linear head on every response token regresses the SFT policy's (standardised)
     # log-prob of that token; 0 turns it off
     logprob_distill_coef: float = 0.0
+    # training pairs: "dataset" (data/train.jsonl), "collected" (the collect stage's pairs of SFT samples) or "both"
+    pairs: str = "dataset"
 
 
 @dataclass
@@ -130,10 +132,31 @@ class DPOConfig(TrainConfig):
     label_smoothing: float = 0.0  # cdpo only: assumed probability that a preference label is flipped
     # reference logps from one forward-only pass, cached in <run>/dpo/; false: reference model kept in memory
     precompute_ref: bool = True
+    # training pairs: "dataset" (data/train.jsonl), "collected" (the collect stage's pairs of SFT samples) or "both"
+    pairs: str = "dataset"
     max_train_pairs: int | None = None  # train on a seeded random subset of this many train pairs (None: all)
     # held-out (val) prompts sampled from both the SFT and the DPO policy; judged by the gold judge on the embedded task
     eval_prompts: int = 200
     temperature: float = 0.7  # sampling temperature for those samples; same seed and settings for both policies
+
+
+@dataclass
+class CollectConfig:
+    """On-policy preference collection (stage `collect`): `samples_per_prompt` responses to each of
+    `prompts` training prompts from the SFT policy, compared in pairs by an annotator, as InstructGPT
+    (Ouyang et al. 2022) and Stiennon et al. 2020 labelled their own policies' samples."""
+
+    # who labels the pairs: "simulated" (the embedded task's noisy, length-biased annotator over gold, with
+    # data.embedded's noise and bias), "openai" (the LLM judge of the `judge` section, both orders) or "reward"
+    # (the reward-model folder in collect.reward_model, e.g. a larger one labelling for a smaller one)
+    annotator: str = "simulated"
+    reward_model: str | None = None  # annotator=reward: a folder loadable by AutoModelForSequenceClassification
+    prompts: int | None = None  # distinct training prompts sampled from (seeded); None: all of them
+    samples_per_prompt: int = 2  # K responses per prompt (InstructGPT: 4 to 9)
+    pairs_per_prompt: int | None = None  # pairs compared per prompt, drawn from the K(K-1)/2; None: all of them
+    max_new_tokens: int = 64  # response budget; at most data.max_response_tokens
+    temperature: float = 0.7  # sampling temperature, as the RL stages and the eval sample the policy (Huang et al. 2024)
+    batch_size: int = 64  # prompts per generate() call and rows per reward-model pass
 
 
 @dataclass
@@ -288,6 +311,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     raft: RAFTConfig = field(default_factory=RAFTConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     judge: JudgeSettings = field(default_factory=JudgeSettings)
 
@@ -354,7 +378,12 @@ COUNT_KEYS = (
     "log_every",
     "num_prompts",
     "best_of_n",
+    "samples_per_prompt",
+    "pairs_per_prompt",
+    "prompts",
 )
+PAIR_SOURCES = ("dataset", "collected", "both")  # reward.pairs and dpo.pairs
+ANNOTATORS = ("simulated", "openai", "reward")  # collect.annotator
 
 
 def require_positive(node: Any, keys: Iterable[str], prefix: str) -> None:
@@ -383,6 +412,12 @@ def validate(cfg: Config) -> None:
             f"data.max_invalid_fraction={cfg.data.max_invalid_fraction} must lie in [0, 1]; "
             "0 stops at the first invalid row, 1 never stops"
         )
+    for section in ("reward", "dpo"):
+        source = getattr(cfg, section).pairs
+        if source not in PAIR_SOURCES:
+            raise UserError(f"{section}.pairs={source!r} is not a pair source; use one of {', '.join(PAIR_SOURCES)}")
+    if cfg.collect.annotator not in ANNOTATORS:
+        raise UserError(f"collect.annotator={cfg.collect.annotator!r} is unknown; use one of {', '.join(ANNOTATORS)}")
     cfg.judge.validate()
 
 

@@ -13,6 +13,7 @@ import gzip
 import hashlib
 import json
 import os
+import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -263,3 +264,32 @@ def check_splits_not_empty(n_train: int, n_val: int, train_reasons: Iterable[str
     raise UserError(
         f"the train split is empty after filtering ({counts[worst]} pairs dropped as {worst}); {DROP_HINTS[worst]}"
     )
+
+
+def token_filter_reason(prompt_len: int, chosen_len: int, rejected_len: int, data_cfg) -> str | None:
+    """The DROP_REASONS entry for a pair whose token counts break a `data` limit, else None."""
+    if min(chosen_len, rejected_len) < data_cfg.min_response_tokens:
+        return "response_too_short"
+    if max(chosen_len, rejected_len) > data_cfg.max_response_tokens:
+        return "response_too_long"
+    if prompt_len > data_cfg.max_prompt_tokens:
+        return "prompt_too_long"
+    return None
+
+
+def length_stats(lengths: dict[str, list[int]]) -> dict[str, float]:
+    """Token-length statistics of one split: {"prompt", "chosen", "rejected"} -> lists of counts."""
+    chosen, rejected, prompt = lengths["chosen"], lengths["rejected"], lengths["prompt"]
+    if not chosen:
+        return {"n": 0}
+    spread = statistics.pstdev
+    return {
+        "n": len(chosen),
+        "prompt_tokens_mean": statistics.fmean(prompt),
+        "chosen_tokens_mean": statistics.fmean(chosen),
+        "chosen_tokens_std": spread(chosen),
+        "rejected_tokens_mean": statistics.fmean(rejected),
+        "rejected_tokens_std": spread(rejected),
+        "chosen_minus_rejected_mean": statistics.fmean(c - r for c, r in zip(chosen, rejected)),
+        "chosen_longer_fraction": sum(c > r for c, r in zip(chosen, rejected)) / len(chosen),
+    }

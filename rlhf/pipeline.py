@@ -19,20 +19,19 @@ import time
 
 from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
 from rlhf.errors import UserError
-from rlhf.run import STAGE_SCRIPTS, STAGES
+from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed
 
 
-def select_stages(only: str | None, start: str | None) -> list[str]:
-    available = [stage for stage in STAGES if stage in STAGE_SCRIPTS]
+def select_stages(only: str | None, start: str | None, with_collect: bool = True) -> list[str]:
+    """The stages to run, in pipeline order. `collect` runs when named in --only, or when
+    `with_collect` (some stage trains on collected pairs); otherwise nothing would read its pairs."""
+    available = [stage for stage in STAGES if with_collect or stage != "collect"]
     if only:
         chosen = [name.strip() for name in only.split(",") if name.strip()]
         unknown = [name for name in chosen if name not in STAGES]
         if unknown:
             raise UserError(f"unknown stage(s) {', '.join(unknown)} in --only; stages are: {', '.join(STAGES)}")
-        missing = [name for name in chosen if name not in STAGE_SCRIPTS]
-        if missing:
-            raise UserError(f"stage(s) {', '.join(missing)} are not implemented yet; available: {', '.join(available)}")
-        return [stage for stage in available if stage in chosen]
+        return [stage for stage in STAGES if stage in chosen]
     if start:
         if start not in STAGES:
             raise UserError(f"unknown stage '{start}' in --from; stages are: {', '.join(STAGES)}")
@@ -47,9 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     args, stage_args = parser.parse_known_args(argv)
     if args.only and args.start:
         raise UserError("give --only or --from, not both")
-    stages = select_stages(args.only, args.start)
     # Validate the config once, before any stage starts: a typo fails here, not an hour in.
-    _, run, _ = parse_stage_args("pipeline", stage_args)
+    cfg, run, _ = parse_stage_args("pipeline", stage_args)
+    stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg))
     launch = shlex.split(os.environ.get("RLHF_LAUNCH", "")) or [sys.executable]
     print(f"[pipeline] stages: {', '.join(stages)} -> {run.root}")
     pipeline_start = time.perf_counter()

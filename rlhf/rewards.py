@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from rlhf.batching import collate_sequences, encode_responses, encode_texts
 from rlhf.errors import UserError
+from rlhf.models import reward_scores
 
 MODEL = "model"  # the source name of the trained reward model
 
@@ -229,3 +231,28 @@ class RewardSource:
 def load_reward_source(stage: str, spec: str) -> RewardSource:
     """`<stage>.reward` parsed and its functions imported (start-up validation and use)."""
     return RewardSource(spec, f"{stage}.reward")
+
+
+def text_scorer(
+    reward_model, tokenizer, device, batch_size: int, known: dict[tuple[str, str], float] | None = None
+) -> RewardFunction:
+    """A reward model as a reward function, `score(prompts, responses) -> list[float]` on text:
+    each (prompt, response) is tokenized with the reward model's own `tokenizer`, scored once in
+    batches of `batch_size`, and remembered in `known` (pass the scores already computed to reuse them)."""
+    known = {} if known is None else known
+
+    @torch.no_grad()
+    def score(prompts: list[str], responses: list[str]) -> list[float]:
+        missing = sorted({(p, r) for p, r in zip(prompts, responses) if (p, r) not in known})
+        for start in range(0, len(missing), batch_size):
+            chunk = missing[start : start + batch_size]
+            batch = collate_sequences(
+                encode_texts(tokenizer, [p for p, _ in chunk]),
+                encode_responses(tokenizer, [r for _, r in chunk]),
+                tokenizer.pad_token_id,
+            )
+            values = reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            known.update(zip(chunk, values.tolist()))
+        return [known[(p, r)] for p, r in zip(prompts, responses)]
+
+    return score

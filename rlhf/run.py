@@ -26,14 +26,16 @@ import shutil
 from pathlib import Path
 
 from rlhf.config import Config, to_dict
+from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 
-STAGES = ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo", "eval", "report")
+STAGES = ("data", "sft", "collect", "reward", "ppo", "grpo", "raft", "dpo", "eval", "report")
 
 # Config sections each stage reads (beyond `run.seed`), and the stages whose outputs it reads.
 STAGE_SECTIONS = {
     "data": ("data", "tokenizer", "model"),
     "sft": ("model", "sft"),
+    "collect": ("collect", "judge"),  # the judge section configures the openai annotator
     "reward": ("reward",),
     "ppo": ("ppo",),
     "grpo": ("grpo",),
@@ -45,17 +47,19 @@ STAGE_SECTIONS = {
 STAGE_INPUTS = {
     "data": (),
     "sft": ("data",),
-    "reward": ("data", "sft"),
+    "collect": ("data", "sft"),
+    "reward": ("data", "sft"),  # and "collect" when reward.pairs reads collected pairs (`stage_inputs`)
     "ppo": ("data", "sft", "reward"),
     "grpo": ("data", "sft", "reward"),
     "raft": ("data", "sft", "reward"),
-    "dpo": ("data", "sft"),  # runs after reward in the chain, but never reads the reward model
+    "dpo": ("data", "sft"),  # runs after reward in the chain, but never reads the reward model; "collect" as reward
     "eval": ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo"),  # evaluates whichever policies completed
     "report": ("eval",),  # eval's fingerprint covers every earlier stage
 }
 STAGE_SCRIPTS = {
     "data": "part1_reward/analyze_data.py",
     "sft": "part1_reward/train_sft.py",
+    "collect": "part1_reward/collect_pairs.py",
     "reward": "part1_reward/train_reward.py",
     "ppo": "part2_ppo_grpo/train_ppo.py",
     "grpo": "part2_ppo_grpo/train_grpo.py",
@@ -65,6 +69,25 @@ STAGE_SCRIPTS = {
     "report": "part4_eval/make_report.py",
 }
 COMPLETE_FILE = "complete.json"
+PAIR_READERS = ("reward", "dpo")  # stages whose `pairs` setting may read the collect stage's pairs
+
+
+def stage_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
+    """The stages whose outputs `stage` reads under this config: STAGE_INPUTS, plus `collect` for a
+    pair reader whose `pairs` setting is "collected" or "both"."""
+    if stage in PAIR_READERS and getattr(cfg, stage).pairs != "dataset":
+        return (*STAGE_INPUTS[stage], "collect")
+    return STAGE_INPUTS[stage]
+
+
+def config_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
+    """The inputs this config adds to the stage's fixed ones (STAGE_INPUTS); they must have completed."""
+    return tuple(name for name in stage_inputs(stage, cfg) if name not in STAGE_INPUTS[stage])
+
+
+def collect_needed(cfg: Config) -> bool:
+    """True when some stage trains on collected pairs, so a pipeline run must include `collect`."""
+    return any("collect" in stage_inputs(stage, cfg) for stage in PAIR_READERS)
 
 
 class RunDir:
@@ -100,7 +123,7 @@ class RunDir:
             "seed": cfg.run.seed,
             "mixed_precision": cfg.run.mixed_precision,
             "sections": {section: tree[section] for section in STAGE_SECTIONS[stage]},
-            "inputs": {name: self.fingerprint(name, cfg) for name in STAGE_INPUTS[stage]},
+            "inputs": {name: self.fingerprint(name, cfg) for name in stage_inputs(stage, cfg)},
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -131,6 +154,14 @@ class RunDir:
             f"run `python {STAGE_SCRIPTS[stage]} {flags} --output-dir {self.root}` "
             f"(or bash run_all.sh --from {stage}) first"
         )
+
+    # -- inputs -----------------------------------------------------------------------
+
+    def training_pairs(self, source: str) -> list[dict]:
+        """The train pairs of `reward.pairs` / `dpo.pairs`: "dataset" (data/train.jsonl), "collected"
+        (collect/train.jsonl) or "both" (the dataset's, then the collected ones)."""
+        files = {"dataset": ["data"], "collected": ["collect"], "both": ["data", "collect"]}[source]
+        return [row for stage in files for row in read_jsonl(self.stage(stage) / "train.jsonl")]
 
     # -- summary ----------------------------------------------------------------------
 

@@ -42,7 +42,7 @@ wanted), `risky_benign` (benign requests that sound risky; a helpful answer is w
 non-harmful prompts the last turn ends in an explicit instruction.
 """
 
-from rlhf.task.annotator import generate_split, gold_agreement, noise_ceiling, p_better
+from rlhf.task.annotator import generate_split, gold_agreement, noise_ceiling, p_better, simulated_preference
 from rlhf.task.behaviours import BEHAVIOURS, DEFAULT_BEHAVIOUR_WEIGHTS, sample_candidate
 from rlhf.task.gold import (
     FLAGS,
@@ -109,5 +109,6 @@ __all__ = [
     "sample_candidate",
     "sample_prompt",
     "sample_prompts",
+    "simulated_preference",
     "suite_prompts",
 ]

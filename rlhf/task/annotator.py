@@ -13,6 +13,10 @@ otherwise with probability `annotator_noise` the gold-worse one, otherwise the g
 The Bayes-optimal predictor of the annotator's labels picks the likelier response of each pair,
 so its expected accuracy (`noise_ceiling`) is mean over pairs of max(P(better), 1 - P(better)) =
 mean(max(p_label, 1 - p_label)); with the defaults (0.1, 0.2) each pair has 0.72, 0.82 or 0.92.
+
+The same annotator labels pairs of any two responses (`simulated_preference`), e.g. a policy's own
+samples in the `collect` stage. Two responses of equal gold score are a tie: the dataset never pairs
+them (`_sample_pair` draws until the scores differ), and the collected pairs follow the same rule.
 """
 
 from __future__ import annotations
@@ -44,16 +48,39 @@ def p_better(better: str, worse: str, annotator_noise: float, length_bias: float
     return length_bias * longer + (1 - length_bias) * (1 - annotator_noise)
 
 
+def picks_better(better: str, worse: str, rng: random.Random, annotator_noise: float, length_bias: float) -> bool:
+    """One draw of the annotator: True when it prefers `better` (the gold-better response).
+
+    With probability `length_bias` a length-biased judgement (the longer response, a coin flip on
+    equal lengths), otherwise a careful one, wrong with probability `annotator_noise`; so
+    P(True) = p_better(better, worse, annotator_noise, length_bias).
+    """
+    if rng.random() < length_bias:
+        return len(better) > len(worse) or (len(better) == len(worse) and rng.random() < 0.5)
+    return rng.random() >= annotator_noise
+
+
+def simulated_preference(
+    prompt: str, first: str, second: str, rng: random.Random, annotator_noise: float, length_bias: float
+) -> tuple[str, float, float]:
+    """The annotator on any two responses: ("A" if it prefers `first`, "B" for `second`, "tie" when
+    their gold scores are equal), with the gold scores of `first` and `second`."""
+    spec = parse_prompt(prompt)
+    gold_first, gold_second = judge(spec, first)["score"], judge(spec, second)["score"]
+    if gold_first == gold_second:
+        return "tie", gold_first, gold_second
+    better, worse = (first, second) if gold_first > gold_second else (second, first)
+    first_wins = picks_better(better, worse, rng, annotator_noise, length_bias) == (better is first)
+    return ("A" if first_wins else "B"), gold_first, gold_second
+
+
 def _annotate(prompt: str, family: str, pair: tuple, rng: random.Random, noise: float, length_bias: float) -> dict:
     a, gold_a, b, gold_b = pair
     (better, gold_better), (worse, gold_worse) = sorted(((a, gold_a), (b, gold_b)), key=lambda x: -x[1])
-    if rng.random() < length_bias:  # a length-biased judgement: the longer response, a coin flip on a tie
-        picks_better = len(better) > len(worse) or (len(better) == len(worse) and rng.random() < 0.5)
-    else:  # a careful judgement, wrong with probability `noise`
-        picks_better = rng.random() >= noise
+    chose_better = picks_better(better, worse, rng, noise, length_bias)
     p = p_better(better, worse, noise, length_bias)
     chosen, rejected = (better, gold_better), (worse, gold_worse)
-    if not picks_better:
+    if not chose_better:
         chosen, rejected = rejected, chosen
     return {
         "chosen": f"{prompt} {chosen[0]}",
@@ -61,7 +88,7 @@ def _annotate(prompt: str, family: str, pair: tuple, rng: random.Random, noise: 
         "gold_chosen": chosen[1],
         "gold_rejected": rejected[1],
         "family": family,
-        "p_label": p if picks_better else 1 - p,
+        "p_label": p if chose_better else 1 - p,
     }
 
 
