@@ -145,7 +145,9 @@ def main(argv: list[str] | None = None) -> None:
             out = sample_responses(policy, tokenizer, [prompt_ids[row // K] for row in rows], sampling)
         return list(zip(out.texts, out.finished))
 
-    samples = forward_map(sample, list(range(len(prompts) * K)), c.batch_size, accelerator)
+    sample_rows = list(range(len(prompts) * K))
+    prompt_lengths = [len(prompt_ids[row // K]) for row in sample_rows]  # batches of similar length: little padding
+    samples = forward_map(sample, sample_rows, c.batch_size, accelerator, prompt_lengths, desc="sample")
     sample_s = time.perf_counter() - t0
     if not accelerator.is_main_process:
         return  # the main process labels, writes and marks the stage complete

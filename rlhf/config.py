@@ -155,7 +155,9 @@ class CollectConfig:
     samples_per_prompt: int = 2  # K responses per prompt (InstructGPT: 4 to 9)
     pairs_per_prompt: int | None = None  # pairs compared per prompt, drawn from the K(K-1)/2; None: all of them
     max_new_tokens: int = 64  # response budget; at most data.max_response_tokens
-    temperature: float = 0.7  # sampling temperature, as the RL stages and the eval sample the policy (Huang et al. 2024)
+    temperature: float = (
+        0.7  # sampling temperature, as the RL stages and the eval sample the policy (Huang et al. 2024)
+    )
     batch_size: int = 64  # prompts per generate() call and rows per reward-model pass
 
 

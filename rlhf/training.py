@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
+from tqdm import tqdm
 
 from rlhf.checkpoint import checkpoint_fingerprint, load_training_state, save_training_state
 from rlhf.config import Config, TrainConfig
@@ -279,19 +280,25 @@ def fit(
 
 @torch.no_grad()
 def forward_map(
-    fn: Callable[[list], list], items: list, batch_size: int, accelerator: Accelerator, lengths: list[int] | None = None
+    fn: Callable[[list], list],
+    items: list,
+    batch_size: int,
+    accelerator: Accelerator,
+    lengths: list[int] | None = None,
+    desc: str | None = None,
 ) -> list:
     """Apply `fn` (a batch of items -> a list of per-item results) over `items` with no autograd,
     sharded across processes, and return the results in the original order on every process.
 
     With `lengths` (tokens per item), batches are formed longest first: each batch then holds
     items of similar length, so little of a forward-only pass is spent on padding, and the widest
-    batch (the one that could run out of memory) comes first.
+    batch (the one that could run out of memory) comes first. `desc` names a progress bar (main process).
     """
     order = sorted(range(len(items)), key=lambda i: -lengths[i]) if lengths is not None else list(range(len(items)))
     mine = order[accelerator.process_index :: accelerator.num_processes]
     results = []
-    for start in range(0, len(mine), batch_size):
+    starts = range(0, len(mine), batch_size)
+    for start in tqdm(starts, desc=desc, disable=desc is None or not accelerator.is_main_process, leave=False):
         indices = mine[start : start + batch_size]
         results += list(zip(indices, fn([items[i] for i in indices])))
     if accelerator.num_processes > 1:
