@@ -527,6 +527,45 @@ def section_data(data: RunData) -> str:
     return "\n".join(lines)
 
 
+def section_collect(data: RunData) -> str:
+    """The collect stage's pairs of SFT samples, when the run has them: counts, drops, and (embedded
+    task) how well the annotator's labels agree with gold by what separates the two responses."""
+    c = data.summary.get("collect")
+    if not isinstance(c, dict):
+        return ""
+    annotator = (c.get("annotator") or {}).get("judge", NA)
+    readers = [
+        f"`{key}`"
+        for key, section in (("reward.pairs", "reward_model"), ("dpo.pairs", "dpo"))
+        if _get(data.summary, f"{section}.pairs") in ("collected", "both")
+    ]
+    lines = [
+        "## Collected pairs",
+        "",
+        f"The collect stage sampled {fmt(c.get('samples_per_prompt'))} responses to each of {fmt(c.get('prompts'))} "
+        f"training prompts from the SFT policy and had the `{annotator}` annotator compare "
+        f"{fmt(c.get('pairs_compared'))} distinct pairs of them; {fmt(c.get('n_pairs'))} labelled pairs were written. "
+        + (f"Trained on them: {', '.join(readers)}." if readers else "No stage of this run trained on them."),
+    ]
+    dropped = {reason: n for reason, n in (c.get("dropped") or {}).items() if n}
+    if dropped:
+        lines += ["", markdown_table(["pairs dropped because", "count"], [[r, fmt(n)] for r, n in dropped.items()])]
+    by_kind = c.get("labels_vs_gold_by_gold_difference") or {}
+    if by_kind:
+        lines += [
+            "",
+            f"Against gold, the labels agree on {fmt(c.get('gold_agreement'))} of the written pairs "
+            f"(noise ceiling {fmt(c.get('noise_ceiling'))}); gold ties {fmt(c.get('gold_tie_rate'))} of the compared "
+            "pairs. By what separates the two responses:",
+            "",
+            markdown_table(
+                ["gold difference", "pairs", "labels agree with gold"],
+                [[kind, fmt(v.get("n_decisive")), fmt(v.get("agreement_decisive"))] for kind, v in by_kind.items()],
+            ),
+        ]
+    return "\n".join(lines)
+
+
 def section_reward_model(data: RunData) -> str:
     rm = data.summary.get("reward_model")
     lines = ["## Reward model", ""]
@@ -1184,6 +1223,7 @@ SECTIONS = (
     section_intro,
     section_headline,
     section_data,
+    section_collect,
     section_reward_model,
     section_training,
     section_eval_models,

@@ -673,3 +673,28 @@ def test_make_report_needs_a_complete_eval_stage(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "stage 'eval' has not completed" in result.stderr
     assert not (tmp_path / "report.md").exists()
+
+
+def test_collect_section_shows_counts_drops_and_gold_agreement_by_kind():
+    summary = {
+        "collect": {
+            "annotator": {"judge": "simulated"},
+            "prompts": 10,
+            "samples_per_prompt": 4,
+            "pairs_compared": 55,
+            "n_pairs": 48,
+            "dropped": {"tie": 5, "annotator_tie": 7, "annotator_invalid": 0},
+            "gold_agreement": 0.75,
+            "noise_ceiling": 0.78,
+            "gold_tie_rate": 0.127,
+            "labels_vs_gold_by_gold_difference": {"verbosity": {"n_decisive": 20, "agreement_decisive": 0.7}},
+        },
+        "reward_model": {"pairs": "collected"},
+        "dpo": {"pairs": "dataset"},
+    }
+    text = R.section_collect(R.RunData(summary=summary))
+    assert "4 responses to each of 10 training prompts" in text and "55 distinct pairs" in text
+    assert "48 labelled pairs" in text and "Trained on them: `reward.pairs`." in text
+    assert "| tie | 5 |" in text and "| annotator_tie | 7 |" in text and "annotator_invalid" not in text
+    assert "| verbosity | 20 | 0.700 |" in text and "0.750 of the written pairs (noise ceiling 0.780)" in text
+    assert R.section_collect(R.RunData(summary={})) == ""
