@@ -65,12 +65,12 @@ def device_name() -> str:
 
 def markdown_table(results: dict) -> str:
     lines = [
-        f"Device {results['device']}, {results['date']}; `{results['command']}`",
+        f"Device {results['device']}, {results['date']}; `{results.get('command', '')}`",
         "",
         "| stage | steps | throughput | tokens/s | s/step | generate / score / train s/step | threads | peak MB |",
         "|---|---:|---:|---:|---:|---|---:|---:|",
     ]
-    for stage, entry in results["stages"].items():
+    for stage, entry in results.get("stages", {}).items():
         r, raw = entry["rates"], entry["raw"]
         unit = UNITS[stage]
         tokens = r.get("tokens_per_s", r.get("generated_tokens_per_s"))
