@@ -12,6 +12,7 @@ Contracts every stage relies on:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -276,14 +277,42 @@ def init_reward_head(linear: nn.Linear) -> None:
         nn.init.zeros_(linear.bias)
 
 
+class _DropLoadReport(logging.Filter):
+    """Drops transformers' state-dict load report (a multi-line warning table)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
 def build_reward_model(sft_path: Path, reward_cfg: RewardConfig) -> nn.Module:
-    """A reward model initialised from the SFT policy with a fresh scalar head."""
+    """A reward model initialised from the SFT policy with a fresh scalar head.
+
+    The head (`score.weight`) is missing from the SFT checkpoint by design, so transformers' load
+    report, which would call it "newly initialized" in every run, is kept quiet; any other missing,
+    unexpected or mismatched key is still an error.
+    """
     from transformers import AutoModel, AutoModelForSequenceClassification
 
     if reward_cfg.pooling == "last":
-        with stage_model_errors(sft_path):
-            model = AutoModelForSequenceClassification.from_pretrained(
-                str(sft_path), num_labels=1, use_safetensors=True
+        report_logger, quiet = logging.getLogger("transformers.modeling_utils"), _DropLoadReport()
+        report_logger.addFilter(quiet)
+        try:
+            with stage_model_errors(sft_path):
+                model, loading = AutoModelForSequenceClassification.from_pretrained(
+                    str(sft_path), num_labels=1, use_safetensors=True, output_loading_info=True
+                )
+        finally:
+            report_logger.removeFilter(quiet)
+        surprises = {
+            "missing": sorted(set(loading["missing_keys"]) - {"score.weight"}),
+            "unexpected": sorted(loading["unexpected_keys"]),
+            "mismatched": sorted(str(key) for key in loading["mismatched_keys"]),
+        }
+        if any(surprises.values()):
+            raise UserError(
+                f"{sft_path} does not load as a reward model backbone ("
+                + "; ".join(f"{kind}: {', '.join(keys)}" for kind, keys in surprises.items() if keys)
+                + "); point the run folder at a complete sft/model"
             )
         init_reward_head(model.score)
     elif reward_cfg.pooling == "mean":

@@ -10,10 +10,13 @@ run on W processes computes the same gradient as one process accumulating W time
 from __future__ import annotations
 
 import math
+import os
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -38,8 +41,51 @@ def sft_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tu
     return sft_loss(logprobs, batch["response_mask"])
 
 
+def idle_cores(window_s: float = 0.3) -> float | None:
+    """Cores that other processes left idle over the last `window_s` seconds, from /proc/stat's
+    aggregate line (Linux); None where it cannot be read."""
+
+    def idle_and_total() -> tuple[int, int]:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return ticks[3] + ticks[4], sum(ticks)  # idle + iowait, all states
+
+    try:
+        idle_before, total_before = idle_and_total()
+        time.sleep(window_s)
+        idle_after, total_after = idle_and_total()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total_after == total_before:
+        return None
+    return (idle_after - idle_before) / (total_after - total_before) * (os.cpu_count() or 1)
+
+
+def set_cpu_threads_for_load(accelerator: Accelerator) -> None:
+    """On CPU, one intra-op thread per core that other jobs leave idle, unless OMP_NUM_THREADS says.
+
+    torch's default is one thread per core. When another process keeps a core busy, its threads
+    spin at every barrier waiting for the one that was descheduled: a reward-model step on a 2-core
+    machine shared with one busy job took 3.0 s with 2 threads and 0.34 s with 1 (bench/README.md).
+    A job that starts later is not seen; set OMP_NUM_THREADS (or the RL stages' `cpu_threads`)
+    to choose.
+    """
+    if accelerator.device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
+        return
+    idle = idle_cores()
+    if idle is None:
+        return
+    threads = max(1, min(torch.get_num_threads(), round(idle)))
+    if threads < torch.get_num_threads():
+        accelerator.print(
+            f"[cpu] {idle:.1f} of {os.cpu_count()} cores idle: {threads} intra-op thread(s) instead of "
+            f"{torch.get_num_threads()}; set OMP_NUM_THREADS to choose"
+        )
+        torch.set_num_threads(threads)
+
+
 def make_accelerator(cfg: Config) -> Accelerator:
-    """One Accelerator per stage; each process gets its own seed (Huang et al. 2024, detail 13)."""
+    """One Accelerator per stage; each process gets its own seed (Huang et al. 2024, detail 13), and
+    on CPU as many threads as there are idle cores (`set_cpu_threads_for_load`)."""
     if cfg.run.mixed_precision not in ("no", "bf16", "fp16"):
         raise UserError(f"run.mixed_precision must be 'no', 'bf16' or 'fp16', got '{cfg.run.mixed_precision}'")
     if cfg.run.mixed_precision != "no" and not torch.cuda.is_available():
@@ -50,6 +96,7 @@ def make_accelerator(cfg: Config) -> Accelerator:
     # gloo group (MULTI_CPU) instead of running each one alone.
     accelerator = Accelerator(mixed_precision=cfg.run.mixed_precision, cpu=not torch.cuda.is_available())
     set_seed(cfg.run.seed, device_specific=True)
+    set_cpu_threads_for_load(accelerator)
     return accelerator
 
 

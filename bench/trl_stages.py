@@ -1,0 +1,174 @@
+"""TRL's side of bench/vs_trl.py: one stage on exactly bench/stages.py's workload, with TRL's trainer.
+Prints one JSON line with the same keys as bench/stages.py. Runs under the TRL venv
+(bench/requirements-trl.txt), with PYTHONPATH at the repo root.
+
+    python bench/trl_stages.py STAGE --run outputs/tiny [--steps 10] [--warmup 2] [--threads N] [key=value ...]
+
+The same data (the first (warm-up + steps) x batch_size training rows), model and tokenizer (the run
+folder's sft/ and reward/ models), batch and micro-batch sizes, number of steps, maximum lengths,
+learning rate and gradient clipping as ours, and the settings a fair CPU user would pick:
+fp32 (`bf16=False`: TRL 1.x otherwise autocasts to bf16, tens of times slower on a CPU without
+bf16 units), no gradient checkpointing (TRL 1.x's default turns it on), DPO's reference log-probs
+precomputed (`precompute_ref_log_probs`), no logging or checkpoints, and the same number of torch
+threads as ours (`--threads`, taken from our run of the stage). TRL 1.x has no PPO trainer.
+GRPO: G = grpo.group_size completions per prompt, one generation batch of grpo.batch_size
+completions per optimizer step (micro-batches accumulated), k3 KL with beta = grpo.kl_coef against
+a reference copy, per-sequence normalisation (`loss_type="grpo"`, as grpo.loss_normalization=sequence),
+scored by the run's reward model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
+
+from rlhf.config import Config, load_config, preset_path
+from rlhf.data import read_jsonl
+from rlhf.models import load_tokenizer
+from rlhf.rl import peak_memory_mb
+from rlhf.run import RunDir
+
+TRL_STAGES = ("sft", "reward", "dpo", "grpo")
+
+
+class StepClock(TrainerCallback):
+    """Wall time at the end of every optimizer step."""
+
+    def __init__(self):
+        self.step_ends: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.step_ends.append(time.perf_counter())
+
+
+def common_args(cfg: Config, stage: str, steps: int) -> dict:
+    """TrainingArguments shared by every TRL trainer: our stage's sizes and optimiser, fp32 on CPU, no I/O."""
+    tcfg = getattr(cfg, stage)
+    return {
+        "output_dir": f"/tmp/trl-bench-{stage}",
+        "max_steps": steps,
+        "per_device_train_batch_size": tcfg.micro_batch_size,
+        "gradient_accumulation_steps": tcfg.batch_size // tcfg.micro_batch_size,
+        "learning_rate": tcfg.lr,
+        "weight_decay": tcfg.weight_decay,
+        "adam_epsilon": tcfg.adam_eps,
+        "max_grad_norm": tcfg.max_grad_norm,
+        "lr_scheduler_type": "cosine",
+        "bf16": False,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "use_cpu": not torch.cuda.is_available(),
+        "report_to": "none",
+        "save_strategy": "no",
+        "logging_steps": 10**6,
+        "disable_tqdm": True,
+        "seed": cfg.run.seed,
+        "dataloader_num_workers": 0,
+    }
+
+
+def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps: int):
+    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
+
+    tokenizer = load_tokenizer(run.model_dir("sft"))
+    max_length = cfg.data.max_prompt_tokens + cfg.data.max_response_tokens + 1  # ours: prompt + response + EOS
+    policy_path = str(run.model_dir("sft"))
+    if stage == "sft":
+        data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows])
+        args = SFTConfig(**common_args(cfg, stage, steps), max_length=max_length, completion_only_loss=True)
+        model = AutoModelForCausalLM.from_pretrained(policy_path)
+        return SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    pairs = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
+    if stage == "reward":
+        args = RewardConfig(**common_args(cfg, stage, steps), max_length=max_length, disable_dropout=True)
+        model = AutoModelForSequenceClassification.from_pretrained(policy_path, num_labels=1)
+        model.config.pad_token_id = tokenizer.pad_token_id
+        return RewardTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
+    if stage == "dpo":
+        args = DPOConfig(
+            **common_args(cfg, stage, steps),
+            max_length=max_length,
+            beta=cfg.dpo.beta,
+            loss_type=[cfg.dpo.loss_type],
+            precompute_ref_log_probs=True,
+            precompute_ref_batch_size=cfg.dpo.eval_batch_size,
+            disable_dropout=True,
+        )
+        model = AutoModelForCausalLM.from_pretrained(policy_path)
+        return DPOTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
+    gcfg = cfg.grpo
+    prompts = Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
+    args = GRPOConfig(
+        **common_args(cfg, stage, steps),
+        num_generations=gcfg.group_size,
+        max_completion_length=gcfg.max_new_tokens,
+        temperature=gcfg.temperature,
+        top_p=gcfg.top_p,
+        top_k=gcfg.top_k,
+        beta=gcfg.kl_coef,
+        epsilon=gcfg.clip,
+        num_iterations=gcfg.epochs,
+        scale_rewards="group" if gcfg.scale_rewards else "none",
+        loss_type="grpo",
+        disable_dropout=True,
+    )
+    reward_model = AutoModelForSequenceClassification.from_pretrained(str(run.model_dir("reward")))
+    return GRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(policy_path),
+        reward_funcs=reward_model,
+        args=args,
+        train_dataset=prompts,
+        processing_class=tokenizer,
+        reward_processing_classes=load_tokenizer(run.model_dir("reward")),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=TRL_STAGES)
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = load_config(preset_path(args.preset), args.overrides)
+    run = RunDir(args.run)
+    total_steps = args.warmup + args.steps
+    batch_size = getattr(cfg, args.stage).batch_size
+    prompts_per_step = batch_size // cfg.grpo.group_size if args.stage == "grpo" else batch_size
+    rows = read_jsonl(run.stage("data") / "train.jsonl")[: total_steps * prompts_per_step]
+    torch.manual_seed(cfg.run.seed)
+    trainer = build_trainer(args.stage, cfg, run, rows, total_steps)
+    clock = StepClock()
+    trainer.add_callback(clock)
+    start = time.perf_counter()
+    trainer.train()
+    end = time.perf_counter()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    memory, kind = peak_memory_mb(torch.device(device))
+    result = {
+        "stage": args.stage,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "batch_size": batch_size,
+        "timed_s": end - clock.step_ends[args.warmup - 1] if args.warmup else end - start,
+        "total_s": end - start,
+        "threads": torch.get_num_threads(),
+        "peak_memory_mb": memory,
+        "memory_kind": kind,
+        "device": device,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
