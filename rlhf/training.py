@@ -60,32 +60,28 @@ def idle_cores(window_s: float = 0.3) -> float | None:
     return (idle_after - idle_before) / (total_after - total_before) * (os.cpu_count() or 1)
 
 
-def set_cpu_threads_for_load(accelerator: Accelerator) -> None:
-    """On CPU, one intra-op thread per core that other jobs leave idle, unless OMP_NUM_THREADS says.
+def warn_if_cpu_shared(accelerator: Accelerator) -> None:
+    """On CPU, one line of advice when other processes keep cores busy and OMP_NUM_THREADS is unset.
 
-    torch's default is one thread per core. When another process keeps a core busy, its threads
-    spin at every barrier waiting for the one that was descheduled: a reward-model step on a 2-core
-    machine shared with one busy job took 3.0 s with 2 threads and 0.34 s with 1 (bench/README.md).
-    A job that starts later is not seen; set OMP_NUM_THREADS (or the RL stages' `cpu_threads`)
-    to choose.
+    torch's default is one intra-op thread per core. When another process keeps a core busy, its
+    threads spin at every barrier waiting for the one that was descheduled: a reward-model step on
+    a 2-core machine shared with one busy job took 3.0 s with 2 threads and 0.34 s with 1 (README,
+    Performance). The thread count is left alone, so a stage's numbers never depend on the machine's
+    load (a different count can change float reductions); the advice says how to choose it.
     """
     if accelerator.device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
         return
     idle = idle_cores()
-    if idle is None:
-        return
-    threads = max(1, min(torch.get_num_threads(), round(idle)))
-    if threads < torch.get_num_threads():
+    if idle is not None and round(idle) < torch.get_num_threads():
         accelerator.print(
-            f"[cpu] {idle:.1f} of {os.cpu_count()} cores idle: {threads} intra-op thread(s) instead of "
-            f"{torch.get_num_threads()}; set OMP_NUM_THREADS to choose"
+            f"[cpu] only {idle:.1f} of {os.cpu_count()} cores idle: torch's {torch.get_num_threads()} threads will "
+            "spin against the other jobs; OMP_NUM_THREADS=1 (or fewer threads) is often several times faster"
         )
-        torch.set_num_threads(threads)
 
 
 def make_accelerator(cfg: Config) -> Accelerator:
     """One Accelerator per stage; each process gets its own seed (Huang et al. 2024, detail 13), and
-    on CPU as many threads as there are idle cores (`set_cpu_threads_for_load`)."""
+    on CPU, advice on threads when other jobs share the cores (`warn_if_cpu_shared`)."""
     if cfg.run.mixed_precision not in ("no", "bf16", "fp16"):
         raise UserError(f"run.mixed_precision must be 'no', 'bf16' or 'fp16', got '{cfg.run.mixed_precision}'")
     if cfg.run.mixed_precision != "no" and not torch.cuda.is_available():
@@ -96,7 +92,7 @@ def make_accelerator(cfg: Config) -> Accelerator:
     # gloo group (MULTI_CPU) instead of running each one alone.
     accelerator = Accelerator(mixed_precision=cfg.run.mixed_precision, cpu=not torch.cuda.is_available())
     set_seed(cfg.run.seed, device_specific=True)
-    set_cpu_threads_for_load(accelerator)
+    warn_if_cpu_shared(accelerator)
     return accelerator
 
 
