@@ -158,9 +158,9 @@ def main(argv: list[str] | None = None) -> None:
     items: list[tuple[str, str, str]] = []  # (prompt, first, second)
     for p, prompt in enumerate(prompts):
         texts = [text for text, _ in samples[p * K : (p + 1) * K]]
-        chosen_pairs, identical = pair_indices(texts, c.pairs_per_prompt, rng)
+        compared, identical = pair_indices(texts, c.pairs_per_prompt, rng)
         drops["tie"] += identical
-        for i, j in chosen_pairs:
+        for i, j in compared:
             if not texts[i].strip() or not texts[j].strip():
                 drops["empty_response"] += 1
             else:
