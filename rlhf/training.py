@@ -22,9 +22,11 @@ from accelerate.utils import gather_object, set_seed
 from rlhf.checkpoint import checkpoint_fingerprint, load_training_state, save_training_state
 from rlhf.config import Config, TrainConfig
 from rlhf.errors import UserError
+from rlhf.faults import fault_point
 from rlhf.losses import sft_loss
 from rlhf.models import token_logprobs
 from rlhf.run import RunDir
+from rlhf.signals import checkpoint_due, defer_stops, stop_if_requested
 from rlhf.tracking import MetricLogger
 
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
@@ -134,6 +136,7 @@ def optimizer_step(
     """One step on the accumulated gradients: clip them to `max_grad_norm` (when > 0), step the
     optimizer and the scheduler, clear the gradients. -> the gradient norm before clipping (None
     without clipping)."""
+    fault_point("optimizer_step")
     grad_norm = None
     if max_grad_norm > 0:
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).detach().float()
@@ -220,6 +223,7 @@ def fit(
             accelerator.print(f"[{stage}] resumed from step {step}/{plan.total_steps}")
     resumed_from = step
     logger.resume(step)
+    defer_stops()
 
     # 2. One optimizer step per global batch, micro-batches accumulated locally.
     logger.progress(plan.total_steps, initial=step, desc=stage)
@@ -259,7 +263,7 @@ def fit(
             logger.log(step, reduced, postfix=(f"{stage}/train/loss",))
         if tcfg.eval_every and step % tcfg.eval_every == 0 and step < plan.total_steps:
             logger.log(step, evaluate(model))
-        if tcfg.save_every and step % tcfg.save_every == 0 and step < plan.total_steps:
+        if checkpoint_due(accelerator, tcfg.save_every, step, plan.total_steps):
             if accelerator.is_main_process:
                 save_training_state(
                     run.checkpoint_dir(stage),
@@ -269,6 +273,7 @@ def fit(
                     {"step": step, "fingerprint": fingerprint, "epoch": epoch},
                 )
             accelerator.wait_for_everyone()
+            stop_if_requested(run.checkpoint_dir(stage))
 
     return accelerator.unwrap_model(model), {
         "steps": step,
