@@ -32,6 +32,7 @@ def one_line_error(output: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # a stage run of its own; the in-process test below covers the writer in the CI subset
 @needs_namespaces
 def test_disk_full_mid_checkpoint_is_one_line_and_keeps_the_previous_checkpoint(data_run, tmp_path):
     run = sft_folder(data_run, tmp_path / "run")

@@ -4,11 +4,11 @@ one line naming the stage's micro-batch key to lower, exit 2, nothing marked com
 from __future__ import annotations
 
 import pytest
+from bad_inputs.helpers import fail_in_process
 
 from rlhf import faults
 from rlhf.cli import out_of_memory_advice
 
-from ..bad_inputs.helpers import fail_in_process
 from .conftest import SFT_ARGS, sft_folder
 
 
