@@ -212,14 +212,21 @@ def fit(
     model, optimizer = accelerator.prepare(model, optimizer)
     fingerprint = run.fingerprint(stage, cfg)
 
-    # 1. Resume from the last complete checkpoint written for this same config, if any.
+    # 1. Resume from the last complete checkpoint written for this same config, if any, with the
+    #    metric sums since the last log (a checkpoint between two logs then changes no logged mean).
     step = 0
+    window: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
+    window_steps = 0
     if checkpoint_fingerprint(run.checkpoint_dir(stage)) not in (None, fingerprint):
         accelerator.print(f"[{stage}] ignoring {run.checkpoint_dir(stage)}: it was written for a different config")
     else:
         state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
         if state is not None:
             step = state["step"]
+            # (checkpoints of earlier versions hold no window: their next logged row covers fewer steps)
+            saved_window = state.get("log_window", {})
+            window.update({k: torch.tensor(v, device=accelerator.device) for k, v in saved_window.items()})
+            window_steps = state.get("log_window_steps", 0)
             accelerator.print(f"[{stage}] resumed from step {step}/{plan.total_steps}")
     resumed_from = step
     logger.resume(step)
@@ -228,10 +235,6 @@ def fit(
     # 2. One optimizer step per global batch, micro-batches accumulated locally.
     logger.progress(plan.total_steps, initial=step, desc=stage)
     rank = accelerator.process_index
-    window: dict[str, torch.Tensor] = defaultdict(
-        lambda: torch.zeros((), device=accelerator.device)
-    )  # sums since the last log
-    window_steps = 0
     while step < plan.total_steps:
         epoch, position = divmod(step, plan.steps_per_epoch)
         order = epoch_order(lengths, cfg.run.seed, epoch, tcfg.batch_size, tcfg.group_by_length)
@@ -264,13 +267,20 @@ def fit(
         if tcfg.eval_every and step % tcfg.eval_every == 0 and step < plan.total_steps:
             logger.log(step, evaluate(model))
         if checkpoint_due(accelerator, tcfg.save_every, step, plan.total_steps):
+            log_window = {k: accelerator.reduce(v, reduction="mean").item() for k, v in window.items()}
             if accelerator.is_main_process:
                 save_training_state(
                     run.checkpoint_dir(stage),
                     accelerator.unwrap_model(model),
                     optimizer,
                     scheduler,
-                    {"step": step, "fingerprint": fingerprint, "epoch": epoch},
+                    {
+                        "step": step,
+                        "fingerprint": fingerprint,
+                        "epoch": epoch,
+                        "log_window": log_window,
+                        "log_window_steps": window_steps,
+                    },
                 )
             accelerator.wait_for_everyone()
             stop_if_requested(run.checkpoint_dir(stage))
