@@ -127,8 +127,9 @@ UPSTREAM = ("data", "sft", "reward")  # built once; every stage under test reads
 KILL_KINDS = ("time", "checkpoint", "publish")
 NO_CHECKPOINT_STAGES = ("eval",)  # killed at random times only (mid-judging); a re-run redoes them from the start
 MAX_RUNS = 4  # runs of one trial's command before it counts as not surviving
-# Keys that measure the machine rather than the computation, or say how the run went; left out of comparisons.
-VOLATILE_KEYS = re.compile(r"time|_s$|memory|resumed_from|timing")
+# Keys that measure the machine rather than the computation (speed, memory), or say how the run went (resumed
+# from where, what was read from a cache); left out of comparisons.
+VOLATILE_KEYS = re.compile(r"time|_s$|_per_s|memory|resumed_from|timing|cached")
 RESUMED = re.compile(r"resumed from (?:step|iteration) (\d+)")
 
 
