@@ -74,6 +74,7 @@ from rlhf.rl import (
     shifted_logprobs,
 )
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
+from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
 
 CURVES = [
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
                 rollout.finished[:n].tolist(),
                 gold,
             )
-        if gcfg.save_every and iteration % gcfg.save_every == 0 and iteration < plan.iterations:
+        if checkpoint_due(accelerator, gcfg.save_every, iteration, plan.iterations):
             save_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
     unwrapped = accelerator.unwrap_model(policy)
     costs = loop_costs(

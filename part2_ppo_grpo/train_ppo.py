@@ -76,6 +76,7 @@ from rlhf.rl import (
     shifted_logprobs,
 )
 from rlhf.rollout import SamplingConfig, forward_in_chunks, generate_rollout, rollout_logprobs, score_rollout
+from rlhf.signals import checkpoint_due
 from rlhf.training import build_scheduler, make_accelerator, optimizer_step
 
 CURVES = [
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
                 rollout.finished[:n].tolist(),
                 gold,
             )
-        if pcfg.save_every and iteration % pcfg.save_every == 0 and iteration < plan.iterations:
+        if checkpoint_due(accelerator, pcfg.save_every, iteration, plan.iterations):
             save_rl_checkpoint(
                 "ppo", run, cfg, accelerator, model, optimizer, scheduler, iteration, kl_coef=kl_controller.value
             )

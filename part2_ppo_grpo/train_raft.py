@@ -58,6 +58,7 @@ from rlhf.rl import (
     set_cpu_threads,
 )
 from rlhf.rollout import SamplingConfig, generate_rollout, score_rollout
+from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss, train_step
 
 CURVES = [
@@ -278,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
                 kept_rollout.finished[:n].tolist(),
                 gold,
             )
-        if rcfg.save_every and round_index % rcfg.save_every == 0 and round_index < rcfg.rounds:
+        if checkpoint_due(accelerator, rcfg.save_every, round_index, rcfg.rounds):
             save_rl_checkpoint("raft", run, cfg, accelerator, policy, optimizer, scheduler, round_index)
     unwrapped = accelerator.unwrap_model(policy)
     costs = loop_costs(

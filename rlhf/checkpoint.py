@@ -2,16 +2,20 @@
 
 Both are written to a temporary folder and swapped in by rename, so a crash at any moment
 leaves either the previous complete folder or the new complete one, never a half-written one
-under the name that gets loaded. Weights are saved with safetensors; the optimizer, scheduler
-and RNG states are loaded with `torch.load(weights_only=True)`.
+under the name that gets loaded. A write that fails (a full disk) removes its temporary folder and
+stops the stage in one line, the previous folder intact. Weights are saved with safetensors; the
+optimizer, scheduler and RNG states are loaded with `torch.load(weights_only=True)`.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import pickle
 import random
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 
 from rlhf.errors import UserError
+from rlhf.faults import fault_point
 
 STATE_FILE = "state.json"
 
@@ -35,13 +40,18 @@ def publish_dir(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
     if final.exists():
         final.rename(old)
+    fault_point("publish")
     tmp.rename(final)
     if old.exists():
         shutil.rmtree(old)
 
 
+def tmp_name(final: Path) -> Path:
+    return final.with_name(final.name + ".tmp")
+
+
 def fresh_tmp(final: Path) -> Path:
-    tmp = final.with_name(final.name + ".tmp")
+    tmp = tmp_name(final)
     if tmp.exists():
         shutil.rmtree(tmp)  # left by a crash mid-write: never loaded, safe to discard
     tmp.mkdir(parents=True)
@@ -56,6 +66,27 @@ def resolve_complete(final: Path, marker: str) -> Path | None:
     return None
 
 
+@contextmanager
+def written_atomically(final: Path) -> Iterator[Path]:
+    """A fresh temporary folder to fill, published as `final` when the block ends. A failed write
+    (torch and safetensors report a full disk as RuntimeError or SafetensorError, Python as OSError)
+    removes the temporary folder, freeing what it took, and becomes a one-line UserError; the
+    previous `final` is untouched."""
+    tmp = tmp_name(final)
+    try:
+        fresh_tmp(final)
+        yield tmp
+        publish_dir(tmp, final)
+    except (OSError, RuntimeError, SafetensorError) as exc:
+        disk_full = getattr(exc, "errno", None) == errno.ENOSPC or shutil.disk_usage(final.parent).free < 2**20
+        shutil.rmtree(tmp, ignore_errors=True)
+        reason = "no space left on device" if disk_full else " ".join(str(exc).split())[:200]
+        raise UserError(
+            f"cannot write {final} ({reason}); the previous version is kept; free space on that disk "
+            "(or pass another --output-dir) and re-run the same command to resume"
+        ) from None
+
+
 def save_pretrained_atomic(
     model: torch.nn.Module, tokenizer, final: Path, extra_json: dict[str, dict] | None = None
 ) -> None:
@@ -63,13 +94,12 @@ def save_pretrained_atomic(
 
     `model` must be the unwrapped, uncompiled module so parameter names carry no wrapper prefix.
     """
-    tmp = fresh_tmp(final)
-    model.save_pretrained(tmp, safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    for name, payload in (extra_json or {}).items():
-        (tmp / name).write_text(json.dumps(payload, indent=2))
-    publish_dir(tmp, final)
+    with written_atomically(final) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        for name, payload in (extra_json or {}).items():
+            (tmp / name).write_text(json.dumps(payload, indent=2))
 
 
 def _rng_state() -> dict:
@@ -96,14 +126,14 @@ def _set_rng_state(state: dict) -> None:
 
 def save_training_state(final: Path, model: torch.nn.Module, optimizer, scheduler, state: dict) -> None:
     """Resumable state: weights, optimizer, scheduler, RNG and `state` (step, data position, ...)."""
-    tmp = fresh_tmp(final)
-    save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (GPT-2's lm_head = wte)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if scheduler is not None:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(_rng_state(), tmp / "rng.pt")
-    (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))  # written last: marks the folder complete
-    publish_dir(tmp, final)
+    with written_atomically(final) as tmp:
+        save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (GPT-2's lm_head = wte)
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        fault_point("checkpoint")  # halfway through the write
+        if scheduler is not None:
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(_rng_state(), tmp / "rng.pt")
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))  # written last: marks the folder complete
 
 
 def checkpoint_fingerprint(final: Path) -> str | None:

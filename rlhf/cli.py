@@ -2,8 +2,10 @@
 
     python <stage script> [--preset NAME | --config FILE] [--output-dir DIR] [--force] [section.key=value ...]
 
-Errors a user can cause (bad keys, types, files, missing upstream stages) surface as one line
-on stderr and exit code 2, before any model is loaded.
+Errors a user can cause (bad keys, types, files, missing upstream stages, an output folder it
+cannot write) surface as one line on stderr and exit code 2, before any model is loaded. SIGTERM
+and Ctrl-C save a checkpoint and exit 143 and 130 (`rlhf.signals`); CUDA running out of memory
+is one line naming the micro-batch key to lower.
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from rlhf.config import Config, load_config, preset_path
 from rlhf.errors import UserError
-from rlhf.run import RunDir, config_inputs
+from rlhf.run import STAGE_SCRIPTS, RunDir, config_inputs
+from rlhf.signals import Interrupted, graceful_stops
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,6 +69,7 @@ def start_stage(
         check(cfg)
     for upstream in (*requires, *config_inputs(stage, cfg)):
         run.require(upstream, cfg)
+    check_writable(run.stage(stage))
     run.clear_complete(stage)
     if force:
         shutil.rmtree(run.checkpoint_dir(stage), ignore_errors=True)
@@ -70,18 +77,56 @@ def start_stage(
     return cfg, run
 
 
+def check_writable(folder: Path) -> None:
+    """Fail at start-up, in one line, when the stage could not write its outputs (a read-only or
+    foreign folder), rather than after training, at its first checkpoint."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"cannot write to the output folder {folder} ({exc.strerror or exc}); "
+            "pass a writable --output-dir, or make that folder writable"
+        ) from None
+
+
+def out_of_memory_advice(stage: str | None) -> str:
+    """The one-line error for CUDA running out of memory: which key to lower in this stage."""
+    if stage is None or stage in ("data", "eval", "report"):
+        return "CUDA out of memory; lower eval.batch_size, or run on a GPU with more memory"
+    forward_key = f"{stage}.forward_batch_size" if stage in ("ppo", "grpo") else f"{stage}.eval_batch_size"
+    return (
+        f"{stage}: CUDA out of memory; halve {stage}.micro_batch_size (gradient accumulation keeps "
+        f"{stage}.batch_size, which must stay a multiple of it), or {forward_key} if it ran out while "
+        "sampling or evaluating"
+    )
+
+
+def script_stage(main: Callable) -> str | None:
+    """The stage whose script defines `main` (None for other entry points)."""
+    script = Path(main.__code__.co_filename).resolve()
+    return next((stage for stage, path in STAGE_SCRIPTS.items() if REPO_ROOT / path == script), None)
+
+
 def run_stage(main: Callable[[list[str] | None], None]) -> None:
-    """Entry point wrapper: one-line errors, exit 2; Ctrl-C exits 130 with checkpoints intact."""
+    """Entry point wrapper: one-line errors, exit 2; SIGTERM and Ctrl-C save a checkpoint and exit 143
+    and 130 (`rlhf.signals`)."""
     start = time.perf_counter()
     try:
-        main(sys.argv[1:])
+        with graceful_stops():
+            main(sys.argv[1:])
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except torch.cuda.OutOfMemoryError:
+        print(f"error: {out_of_memory_advice(script_stage(main))}", file=sys.stderr)
+        sys.exit(2)
+    except Interrupted as stop:
+        saved = f"checkpoint saved in {stop.checkpoint}; " if stop.checkpoint else ""
         print(
-            f"interrupted after {time.perf_counter() - start:.0f}s; "
+            f"stopped by {stop} after {time.perf_counter() - start:.0f}s; {saved}"
             "re-run the same command to resume from the last checkpoint",
             file=sys.stderr,
         )
-        sys.exit(130)
+        sys.exit(stop.exit_code)

@@ -54,10 +54,12 @@ eval/gold_score_mean, eval/gold_good_rate   (embedded task) the gold judge on th
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import resource
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -75,6 +77,7 @@ from rlhf.plots import plot_training_curves
 from rlhf.rewards import load_reward_source
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
 from rlhf.run import RunDir, write_json_atomic
+from rlhf.signals import defer_stops, stop_if_requested
 from rlhf.tracking import MetricLogger
 from rlhf.training import forward_map
 from rlhf.winrates import win_rate_summary
@@ -318,7 +321,26 @@ def load_rl_checkpoint(
     state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
     if state is not None:
         accelerator.print(f"[{stage}] resumed from iteration {state['iteration']}/{iterations}")
+    if accelerator.is_main_process:
+        drop_samples_after(run.stage(stage) / "samples.jsonl", state["iteration"] if state else 0)
+    defer_stops()  # the loop starts here: a signal now waits for the next checkpoint
     return state
+
+
+def drop_samples_after(path: Path, iteration: int) -> None:
+    """Keep only the samples.jsonl rows of iterations up to `iteration` (the checkpoint resumed
+    from): an earlier attempt's later rows are sampled again, and would otherwise appear twice."""
+    if not path.is_file():
+        return
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the last line, cut short by a crash mid-append
+        if row["iteration"] <= iteration:
+            rows.append(row)
+    write_jsonl(path, rows)
 
 
 def save_rl_checkpoint(
@@ -343,6 +365,7 @@ def save_rl_checkpoint(
             {"iteration": iteration, "fingerprint": run.fingerprint(stage, cfg), **extra},
         )
     accelerator.wait_for_everyone()
+    stop_if_requested(run.checkpoint_dir(stage))
 
 
 def open_rl_logger(stage: str, run: RunDir, cfg: Config, accelerator, iteration: int, iterations: int) -> MetricLogger:
@@ -668,8 +691,6 @@ def append_samples(
     gold: bool,
 ) -> None:
     """Append training samples (prompt, response, score; gold score on the embedded task) to a JSONL file."""
-    import json
-
     with open(path, "a", encoding="utf-8") as handle:
         for prompt, response, score, done in zip(prompts, responses, scores, finished):
             row = {"iteration": iteration, "prompt": prompt, "response": response, "score": score, "finished": done}

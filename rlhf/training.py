@@ -26,9 +26,11 @@ from tqdm import tqdm
 from rlhf.checkpoint import checkpoint_fingerprint, load_training_state, save_training_state
 from rlhf.config import Config, TrainConfig
 from rlhf.errors import UserError
+from rlhf.faults import fault_point
 from rlhf.losses import sft_loss
 from rlhf.models import token_logprobs
 from rlhf.run import RunDir
+from rlhf.signals import checkpoint_due, defer_stops, stop_if_requested
 from rlhf.tracking import MetricLogger
 
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
@@ -178,6 +180,7 @@ def optimizer_step(
     """One step on the accumulated gradients: clip them to `max_grad_norm` (when > 0), step the
     optimizer and the scheduler, clear the gradients. -> the gradient norm before clipping (None
     without clipping)."""
+    fault_point("optimizer_step")
     grad_norm = None
     if max_grad_norm > 0:
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).detach().float()
@@ -253,25 +256,29 @@ def fit(
     model, optimizer = accelerator.prepare(model, optimizer)
     fingerprint = run.fingerprint(stage, cfg)
 
-    # 1. Resume from the last complete checkpoint written for this same config, if any.
+    # 1. Resume from the last complete checkpoint written for this same config, if any, with the
+    #    metric sums since the last log (a checkpoint between two logs then changes no logged mean).
     step = 0
+    window: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
+    window_steps = 0
     if checkpoint_fingerprint(run.checkpoint_dir(stage)) not in (None, fingerprint):
         accelerator.print(f"[{stage}] ignoring {run.checkpoint_dir(stage)}: it was written for a different config")
     else:
         state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
         if state is not None:
             step = state["step"]
+            # (checkpoints of earlier versions hold no window: their next logged row covers fewer steps)
+            saved_window = state.get("log_window", {})
+            window.update({k: torch.tensor(v, device=accelerator.device) for k, v in saved_window.items()})
+            window_steps = state.get("log_window_steps", 0)
             accelerator.print(f"[{stage}] resumed from step {step}/{plan.total_steps}")
     resumed_from = step
     logger.resume(step)
+    defer_stops()
 
     # 2. One optimizer step per global batch, micro-batches accumulated locally.
     logger.progress(plan.total_steps, initial=step, desc=stage)
     rank = accelerator.process_index
-    window: dict[str, torch.Tensor] = defaultdict(
-        lambda: torch.zeros((), device=accelerator.device)
-    )  # sums since the last log
-    window_steps = 0
     while step < plan.total_steps:
         epoch, position = divmod(step, plan.steps_per_epoch)
         order = epoch_order(lengths, cfg.run.seed, epoch, tcfg.batch_size, tcfg.group_by_length)
@@ -303,16 +310,24 @@ def fit(
             logger.log(step, reduced, postfix=(f"{stage}/train/loss",))
         if tcfg.eval_every and step % tcfg.eval_every == 0 and step < plan.total_steps:
             logger.log(step, evaluate(model))
-        if tcfg.save_every and step % tcfg.save_every == 0 and step < plan.total_steps:
+        if checkpoint_due(accelerator, tcfg.save_every, step, plan.total_steps):
+            log_window = {k: accelerator.reduce(v, reduction="mean").item() for k, v in window.items()}
             if accelerator.is_main_process:
                 save_training_state(
                     run.checkpoint_dir(stage),
                     accelerator.unwrap_model(model),
                     optimizer,
                     scheduler,
-                    {"step": step, "fingerprint": fingerprint, "epoch": epoch},
+                    {
+                        "step": step,
+                        "fingerprint": fingerprint,
+                        "epoch": epoch,
+                        "log_window": log_window,
+                        "log_window_steps": window_steps,
+                    },
                 )
             accelerator.wait_for_everyone()
+            stop_if_requested(run.checkpoint_dir(stage))
 
     return accelerator.unwrap_model(model), {
         "steps": step,

@@ -1,0 +1,87 @@
+"""The pieces the fault suite relies on, in-process: the RLHF_FAULT hook, the graceful-stop state
+machine, and the samples.jsonl clean-up a resumed RL stage does."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+
+from rlhf import faults, signals
+from rlhf.rl import drop_samples_after
+
+
+class OneProcess:
+    """What `checkpoint_due` needs of an Accelerator, for a single process."""
+
+    device = torch.device("cpu")
+
+    @staticmethod
+    def reduce(tensor, reduction):
+        return tensor
+
+
+def test_fault_point_does_nothing_unless_named(monkeypatch):
+    monkeypatch.setattr(faults, "_reached", {})
+    monkeypatch.delenv(faults.FAULT_ENV, raising=False)
+    faults.fault_point("optimizer_step")
+    monkeypatch.setenv(faults.FAULT_ENV, "oom@checkpoint")
+    faults.fault_point("optimizer_step")
+    assert faults._reached == {}
+
+
+def test_fault_point_acts_the_nth_time(monkeypatch):
+    monkeypatch.setattr(faults, "_reached", {})
+    monkeypatch.setenv(faults.FAULT_ENV, "oom@optimizer_step:3")
+    faults.fault_point("optimizer_step")
+    faults.fault_point("optimizer_step")
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="injected by RLHF_FAULT"):
+        faults.fault_point("optimizer_step")
+    faults.fault_point("optimizer_step")  # once only
+
+
+def test_a_signal_outside_a_training_loop_interrupts_at_once():
+    with signals.graceful_stops(), pytest.raises(signals.Interrupted) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert stop.value.exit_code == 143 and stop.value.checkpoint is None
+
+
+def test_a_signal_in_a_training_loop_waits_for_the_checkpoint(tmp_path, capsys):
+    with signals.graceful_stops():
+        signals.defer_stops()
+        assert not signals.checkpoint_due(OneProcess, save_every=0, step=1, total=10)
+        os.kill(os.getpid(), signal.SIGINT)  # deferred: the step goes on
+        assert "SIGINT received: saving a checkpoint at the end of this step" in capsys.readouterr().err
+        assert signals.checkpoint_due(OneProcess, save_every=0, step=2, total=10)
+        with pytest.raises(signals.Interrupted) as stop:
+            signals.stop_if_requested(tmp_path)
+    assert stop.value.exit_code == 130 and stop.value.checkpoint == tmp_path
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # pytest's own handler is back
+
+
+def test_a_second_signal_interrupts_at_once():
+    with signals.graceful_stops():
+        signals.defer_stops()
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(signals.Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_after_the_last_step_a_signal_interrupts_at_once():
+    with signals.graceful_stops():
+        signals.defer_stops()
+        assert signals.checkpoint_due(OneProcess, save_every=2, step=4, total=10)
+        assert not signals.checkpoint_due(OneProcess, save_every=2, step=10, total=10)  # no checkpoint at the end
+        with pytest.raises(signals.Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_resumed_rl_stage_drops_samples_after_its_checkpoint(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    rows = [{"iteration": i, "response": f"r{i}"} for i in (1, 2, 3, 4)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows) + '{"iteration": 5, "resp')  # cut by a crash
+    drop_samples_after(path, 2)
+    assert [json.loads(line)["iteration"] for line in path.read_text().splitlines()] == [1, 2]

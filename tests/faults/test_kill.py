@@ -1,0 +1,60 @@
+"""SIGKILL, then the same command again: the stage completes, never loads a partial checkpoint, keeps its
+step, and ends bitwise where an uninterrupted run ends.
+
+The fast test kills SFT halfway through writing its second checkpoint (RLHF_FAULT=kill@checkpoint:2,
+rlhf.faults.fault_point). The slow one runs the fault runner (`python -m rlhf.faults`) over every
+training stage and the eval stage: RLHF_FAULT_TRIALS trials each (default 1; 3 tries every kill kind).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+from rlhf.faults import STAGE_ORDER, differences, loadable_checkpoint_step, outcome, run_command, stage_command
+
+from .conftest import SFT_ARGS, sft_folder
+
+
+def test_kill_mid_checkpoint_write_resumes_from_the_previous_one_and_ends_identical(data_run, sft_reference, tmp_path):
+    run = sft_folder(data_run, tmp_path / "run")
+    command = [*stage_command("sft", run, "tiny", []), *SFT_ARGS]
+
+    code, output, _ = run_command(command, fault="kill@checkpoint:2")
+    assert code == -signal.SIGKILL, output
+    half_written = run / "sft" / "checkpoint.tmp"
+    assert (half_written / "model.safetensors").is_file() and not (half_written / "state.json").exists()
+    assert loadable_checkpoint_step(run / "sft" / "checkpoint") == 4  # the first checkpoint, whole
+
+    code, output, _ = run_command(command)
+    assert code == 0, output
+    assert "resumed from step 4/12" in output
+    assert json.loads((run / "sft" / "complete.json").read_text())["steps"] == 12
+    assert differences(outcome(sft_reference, "sft"), outcome(run, "sft")) == []
+
+
+def test_a_different_weight_is_caught(data_run, sft_reference, tmp_path):
+    """The comparison the runner and the test above rely on can fail: one changed value is reported."""
+    reference = outcome(sft_reference, "sft")
+    changed = {**reference, "weights": dict(reference["weights"])}
+    name = next(iter(changed["weights"]))
+    changed["weights"][name] = changed["weights"][name].clone()
+    changed["weights"][name].view(-1)[0] += 1e-7
+    assert differences(reference, changed) == ["weights"]
+
+
+@pytest.mark.slow
+def test_every_stage_survives_random_kills_and_ends_identical(tmp_path):
+    trials = os.environ.get("RLHF_FAULT_TRIALS", "1")
+    command = [sys.executable, "-m", "rlhf.faults", "--trials", trials, "--output-dir", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    table = json.loads((tmp_path / "faults.json").read_text())["table"]
+    assert [row["stage"] for row in table] == list(STAGE_ORDER)
+    assert all(row["identical"] == row["trials"] == int(trials) for row in table), table
