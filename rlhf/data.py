@@ -152,7 +152,8 @@ def read_rows(file: Path) -> Iterable[object]:
         return
     opener = gzip.open if name.endswith(".gz") else open
     try:
-        with opener(file, "rt", encoding="utf-8") as handle:
+        # JSON Lines ends a row only at "\n" (a "\r" inside a row stays part of it; JSON ignores a trailing "\r")
+        with opener(file, "rt", encoding="utf-8", newline="\n") as handle:
             if name.endswith(".json"):
                 try:
                     payload = json.load(handle)
