@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from rlhf.config import Config, load_config, preset_path
 from rlhf.errors import UserError
@@ -109,6 +110,11 @@ def script_stage(main: Callable) -> str | None:
     return next((stage for stage, path in STAGE_SCRIPTS.items() if REPO_ROOT / path == script), None)
 
 
+def say(line: str) -> None:
+    """One line on stderr, on a line of its own even when a progress bar was drawing there."""
+    tqdm.write(line, file=sys.stderr)
+
+
 def run_stage(main: Callable[[list[str] | None], None]) -> None:
     """Entry point wrapper: one-line errors, exit 2; SIGTERM and Ctrl-C save a checkpoint and exit 143
     and 130 (`rlhf.signals`)."""
@@ -117,16 +123,15 @@ def run_stage(main: Callable[[list[str] | None], None]) -> None:
         with graceful_stops():
             main(sys.argv[1:])
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         sys.exit(2)
     except torch.cuda.OutOfMemoryError:
-        print(f"error: {out_of_memory_advice(script_stage(main))}", file=sys.stderr)
+        say(f"error: {out_of_memory_advice(script_stage(main))}")
         sys.exit(2)
     except Interrupted as stop:
         saved = f"checkpoint saved in {stop.checkpoint}; " if stop.checkpoint else ""
-        print(
+        say(
             f"stopped by {stop} after {time.perf_counter() - start:.0f}s; {saved}"
-            "re-run the same command to resume from the last checkpoint",
-            file=sys.stderr,
+            "re-run the same command to resume from the last checkpoint"
         )
         sys.exit(stop.exit_code)
