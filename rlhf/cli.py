@@ -111,8 +111,11 @@ def script_stage(main: Callable) -> str | None:
 
 
 def say(line: str) -> None:
-    """One line on stderr, on a line of its own even when a progress bar was drawing there."""
-    tqdm.write(line, file=sys.stderr)
+    """One line on stderr, on a line of its own: the progress bars still open (the stage is ending)
+    are closed first, each ending its line, instead of leaving the cursor mid-bar."""
+    for bar in list(getattr(tqdm, "_instances", ())):  # tqdm keeps its open bars here
+        bar.close()
+    print(line, file=sys.stderr)
 
 
 def run_stage(main: Callable[[list[str] | None], None]) -> None:
