@@ -378,8 +378,11 @@ def main(argv: list[str] | None = None) -> None:
         return metrics
 
     logger = MetricLogger("dpo", run.stage("dpo"), run.tensorboard_dir("dpo"), cfg, enabled=accelerator.is_main_process)
-    if gold_judge:  # step 0: the policy IS the SFT model, so its samples are the SFT samples (all ties)
-        logger.log(0, judge_against_sft(sft_samples)[0])
+
+    def log_step_zero() -> None:  # the policy IS the SFT model, so its samples are the SFT samples (all ties)
+        if gold_judge:
+            logger.log(0, judge_against_sft(sft_samples)[0])
+
     t0 = time.perf_counter()
     policy, loop = fit(
         stage="dpo",
@@ -394,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
         loss_fn=loss_fn,
         evaluate=evaluate,
         logger=logger,
+        on_fresh_start=log_step_zero,  # after fit knows it is not resuming: a resumed run keeps its first row
     )
     timing["train"] = time.perf_counter() - t0
     memory_kind, memory_mb = peak_memory(accelerator.device)

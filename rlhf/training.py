@@ -247,9 +247,11 @@ def fit(
     loss_fn: LossFn,
     evaluate: Callable[[torch.nn.Module], dict[str, float]],
     logger: MetricLogger,
+    on_fresh_start: Callable[[], None] | None = None,
 ) -> tuple[torch.nn.Module, dict]:
     """Train `model` on `examples` (with token `lengths`, for grouping) with `loss_fn`;
-    returns the unwrapped model and loop facts."""
+    returns the unwrapped model and loop facts. `on_fresh_start` runs once the logger knows the
+    run starts at step 0 (not resumed), e.g. to log a step-0 row that a resumed run already has."""
     plan = plan_steps(stage, tcfg, len(examples), accelerator.num_processes)
     optimizer = build_optimizer(model, tcfg)
     scheduler = build_scheduler(optimizer, tcfg, plan.total_steps)
@@ -274,6 +276,8 @@ def fit(
             accelerator.print(f"[{stage}] resumed from step {step}/{plan.total_steps}")
     resumed_from = step
     logger.resume(step)
+    if step == 0 and on_fresh_start is not None:
+        on_fresh_start()
     defer_stops()
 
     # 2. One optimizer step per global batch, micro-batches accumulated locally.
