@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stages", default=",".join(STAGES))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     stages = args.stages.split(",")
     if unknown := sorted(set(stages) - set(STAGES)):
         raise SystemExit(f"error: unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")

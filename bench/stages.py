@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps (RL: iterations)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     if args.stage in RL_STAGES:
         result = measure_rl(args.stage, args.preset, args.overrides, args.run, args.steps, args.warmup)
     else:

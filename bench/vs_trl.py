@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stages", default=",".join(TRL_STAGES))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     run = args.run or REPO / "outputs" / args.preset
     stages = args.stages.split(",")
     seconds = {stage: {"ours": [], "trl": [], "ours_timed": [], "trl_timed": [], "threads": []} for stage in stages}

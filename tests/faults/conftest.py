@@ -44,7 +44,7 @@ def data_run(tmp_path_factory) -> Path:
 def sft_reference(data_run, tmp_path_factory) -> Path:
     """SFT on `SFT_ARGS`, never interrupted: what every interrupted run must end with."""
     folder = sft_folder(data_run, tmp_path_factory.mktemp("sft_reference"))
-    run_script("part1_reward/train_sft.py", folder, *SFT_ARGS)
+    run_script("part1_reward/train_sft.py", folder, *SFT_ARGS, env={"OMP_NUM_THREADS": "1"})  # as run_command
     return folder
 
 
