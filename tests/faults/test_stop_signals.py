@@ -7,6 +7,7 @@ metric logs (`run.log_every=2`) as often as not: the metric rows must still matc
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -22,7 +23,8 @@ from .conftest import SFT_ARGS, sft_folder
 
 def signal_mid_training(command: list[str], metrics, signum: int) -> tuple[int, str]:
     """Start `command`, send `signum` once its `metrics` file shows a training row, wait; -> exit code, stderr."""
-    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as rlhf.faults.run_command: the reference ran with one thread
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not (metrics.is_file() and '"sft/train/loss"' in metrics.read_text()):
         assert process.poll() is None and time.time() < deadline, "SFT ended or stalled before its first logged step"
