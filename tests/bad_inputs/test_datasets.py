@@ -191,3 +191,20 @@ def test_folder_without_data_files(capsys, run_dir, tmp_path):
     message = fail_in_process(capsys, DATA, run_dir, f"data.path={tmp_path / 'empty_folder'}")
     assert_problem_and_fix(message, "holds no .jsonl, .jsonl.gz, .json or .parquet files", "put HH-format files")
     assert_nothing_lost(run_dir, "data")
+
+
+def test_rows_that_look_like_paths_write_nothing_outside_the_run_folder(run_dir, tmp_path):
+    """File names come from the config, never from the data: rows whose text, field names and values
+    look like paths (absolute, `..`, a `split` field) leave every file they name unwritten."""
+    target = tmp_path / "escaped"
+    sneaky = [
+        {**hh_row(i), "split": f"../../{target.name}/x", "../escaped": str(target / "y.jsonl")} for i in range(60)
+    ]
+    sneaky += [hh_row(100, chosen=f" {target}/z.jsonl", rejected=" ../../../escaped/w")]
+    path = write_lines(tmp_path / "hh.jsonl", sneaky)
+    before = set(tmp_path.rglob("*"))
+    stage_module(DATA).main(["--preset", "tiny", "--output-dir", str(run_dir), f"data.path={path}"])
+    assert (run_dir / "data" / "complete.json").is_file()
+    created = set(tmp_path.rglob("*")) - before
+    assert created and all(p.is_relative_to(run_dir) for p in created), sorted(map(str, created - {run_dir}))
+    assert not target.exists()
