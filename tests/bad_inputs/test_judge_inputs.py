@@ -5,6 +5,7 @@ invalid (never a win or a tie) with one line per problem that names the cause an
 
 from __future__ import annotations
 
+import shutil
 import socket
 
 import pytest
@@ -111,3 +112,27 @@ def test_a_reply_that_is_not_a_chat_completion_is_a_failed_judgment(odd_server, 
     assert "2 of 4 judgments failed" in problem and error in problem and "\n" not in problem
     if marker == "HTMLPAGE":
         assert "check that judge.base_url is an OpenAI-compatible /v1 endpoint" in problem
+
+
+def test_eval_stage_with_the_llm_judge_writes_the_key_into_no_file(server, rl_run):
+    """The eval stage as a user runs it, with a fake key in the environment and the LLM judge on
+    127.0.0.1: the server receives the key, and no file of the run folder contains it."""
+    from conftest import run_script
+
+    shutil.copy(rl_run / "data" / "val.jsonl", rl_run / "data" / "test.jsonl")  # the template has no test split
+    run_script(
+        "part4_eval/evaluate.py",
+        rl_run,
+        "eval.judges=gold,reward,openai",
+        "eval.num_prompts=6",
+        "eval.best_of_n=2",
+        "eval.best_of_n_prompts=3",
+        "eval.suites=false",
+        "eval.max_new_tokens=8",
+        f"judge.base_url={server.url}",
+        "judge.model=judge-test",
+    )
+    assert server.requests and all(auth == f"Bearer {KEY}" for _, auth, _ in server.requests)
+    written = [p for p in rl_run.rglob("*") if p.is_file()]
+    assert (rl_run / "eval" / "openai_cache.jsonl") in written
+    assert not [p for p in written if KEY.encode() in p.read_bytes()]
