@@ -13,8 +13,8 @@ runs, so sums are added in another order: the tolerance, REL, is 1e-4 relative (
 to about 1e-6; a missing all-reduce changes a metric by 1e-2 or more).
 
 Files: everything a stage writes comes from rank 0 alone: metrics.jsonl and samples.jsonl have as
-many rows as in the 1-process run (an append from each rank would double them), and one
-TensorBoard event file is written.
+many rows as in the 1-process run (an append from each rank would double them), and every
+TensorBoard event file comes from one process.
 """
 
 from __future__ import annotations
@@ -101,8 +101,12 @@ def run_stage(launcher: str, stage: str, tiny_run: Path, out: Path) -> None:
 
 
 def comparable(row: dict) -> dict:
-    """A metrics or results row without wall times, throughput and memory, which no two runs share."""
-    return {k: v for k, v in row.items() if not any(word in k for word in ("time", "tokens_per_s", "memory"))}
+    """A metrics or results row without wall times, throughput and memory, which no two runs share, and
+    without the reward model's head-to-head: where policy and SFT give the same response it is a tie
+    only if both scores are bitwise equal, and batch padding moves their last bits (measured: 0.625 vs
+    0.6875 on 8 prompts, scores 3e-7 apart). The gold head-to-head, on the text, is compared."""
+    skip = ("time", "tokens_per_s", "memory", "reward_win_rate")
+    return {k: v for k, v in row.items() if not any(word in k for word in skip)}
 
 
 def metric_rows(out: Path, stage: str) -> list[dict]:
@@ -124,8 +128,9 @@ def test_two_processes_match_one_process(tiny_run, tmp_path, stage):
             assert len(rows[0]) == len(rows[1]) > 0
             responses = [[json.loads(line)["response"] for line in run_rows] for run_rows in rows]
             assert responses[0] == responses[1]
-    events = [list((tmp_path / run / "tensorboard").rglob("events.*")) for run in LAUNCHERS]
-    assert len(events[0]) == len(events[1]) == 1
+    events = [sorted((tmp_path / run / "tensorboard").rglob("events.*")) for run in LAUNCHERS]
+    assert len(events[0]) == len(events[1]) > 0
+    assert len({path.name.split(".")[-2] for path in events[1]}) == 1  # events.out.tfevents.<t>.<host>.<pid>.<n>
     results = [json.loads((tmp_path / run / "summary.json").read_text())[stage] for run in LAUNCHERS]
     numbers = [{k: v for k, v in comparable(r).items() if isinstance(v, float)} for r in results]
     assert numbers[0] == pytest.approx(numbers[1], rel=REL, abs=1e-6)
