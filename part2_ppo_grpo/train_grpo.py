@@ -40,7 +40,7 @@ from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
 from rlhf.losses import grpo_loss
 from rlhf.models import load_policy, load_reward_model, load_tokenizer, position_ids_from_mask
-from rlhf.ops import group_advantages, masked_mean
+from rlhf.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
 from rlhf.rewards import load_reward_source
 from rlhf.rl import (
     append_samples,
@@ -60,6 +60,7 @@ from rlhf.rl import (
     load_rl_prompts,
     local_prompt_rows,
     loop_costs,
+    mean_process_units,
     micro_batches,
     minibatch_indices,
     open_rl_logger,
@@ -73,7 +74,7 @@ from rlhf.rl import (
     shifted_entropy,
     shifted_logprobs,
 )
-from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
+from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
 
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. Iterations: G samples per prompt, group-relative advantages, clipped updates.
     while iteration < plan.iterations:
-        # 4a. Rollouts: each prompt repeated G times, consecutive rows forming its group.
+        # 4a. Rollouts: each prompt repeated G times, consecutive rows forming its group, whole groups on one
+        #     process; row i of the global batch samples from its own seed, so W processes draw what one would.
         t0 = time.perf_counter()
         local_rows = local_prompt_rows(
             len(prompts.train_ids),
@@ -202,6 +204,9 @@ def main(argv: list[str] | None = None) -> None:
                 [prompts.train_ids[i] for i in local_rows],
                 sampling,
                 gcfg.forward_batch_size,
+                row_seeds=sampling_seeds(
+                    cfg.run.seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
+                ),
             )
         mask = rollout.response_mask  # (N, T)
         t1 = time.perf_counter()
@@ -228,15 +233,16 @@ def main(argv: list[str] | None = None) -> None:
         advantages, zero_std = group_advantages(scores, G, scale=gcfg.scale_rewards)  # (N,), (N / G,)
         t2 = time.perf_counter()
 
-        # 4d. Epochs over minibatches; micro-batches weighted to reproduce the chosen normalisation.
+        # 4d. Epochs over minibatches; micro-batches weighted to reproduce the chosen normalisation over all processes.
         policy.train()
         generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + iteration * 101 + rank)
         seen_logprobs = torch.zeros_like(mask, dtype=torch.float32) if on_policy else logprobs  # for the KL metric
         stats: dict[str, list[torch.Tensor]] = {}
         for _ in range(gcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator):
+                units = mean_process_units(accelerator, mask[minibatch], gcfg.loss_normalization)
                 micro = micro_batches(
-                    minibatch.to(device), rollout.lengths, mask, gcfg.micro_batch_size, gcfg.loss_normalization
+                    minibatch.to(device), rollout.lengths, mask, gcfg.micro_batch_size, gcfg.loss_normalization, units
                 )
                 step_stats: dict[str, torch.Tensor] = {}
                 for k, (rows, t, weight) in enumerate(micro):
@@ -291,12 +297,13 @@ def main(argv: list[str] | None = None) -> None:
         iteration += 1
         logger.advance()
 
-        # 4e. Metrics (means over processes), samples, checkpoint.
+        # 4e. Metrics (means over processes; variances and correlations over all rollouts), samples, checkpoint.
+        advantage_moments = accelerator.reduce(masked_moments(advantages, torch.ones_like(mask[:, 0])), reduction="sum")
         local = {
             "objective/scores": scores.mean(),
             "objective/zero_std_groups": zero_std.float().mean(),
-            "objective/advantage_std": advantages.std() if advantages.numel() > 1 else torch.zeros(()),
-            **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
+            "objective/advantage_std": moments_mean_var(advantage_moments)[1].sqrt(),
+            **response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, scores)), t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }

@@ -38,7 +38,14 @@ from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
 from rlhf.losses import ppo_policy_loss, ppo_value_loss
 from rlhf.models import PolicyAndValue, load_policy, load_reward_model, load_tokenizer, value_model_from_reward
-from rlhf.ops import explained_variance, gae_advantages, masked_mean, masked_whiten
+from rlhf.ops import (
+    explained_variance,
+    explained_variance_moments,
+    gae_advantages,
+    masked_mean,
+    masked_moments,
+    masked_whiten,
+)
 from rlhf.rewards import load_reward_source
 from rlhf.rl import (
     align_values,
@@ -61,6 +68,7 @@ from rlhf.rl import (
     local_prompt_rows,
     loop_costs,
     make_kl_controller,
+    mean_process_units,
     micro_batches,
     minibatch_indices,
     open_rl_logger,
@@ -75,7 +83,14 @@ from rlhf.rl import (
     shifted_entropy,
     shifted_logprobs,
 )
-from rlhf.rollout import SamplingConfig, forward_in_chunks, generate_rollout, rollout_logprobs, score_rollout
+from rlhf.rollout import (
+    SamplingConfig,
+    forward_in_chunks,
+    generate_rollout,
+    rollout_logprobs,
+    sampling_seeds,
+    score_rollout,
+)
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_scheduler, make_accelerator, optimizer_step
 
@@ -192,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. Iterations: sample, score, shape rewards, estimate advantages, optimise.
     while iteration < plan.iterations:
-        # 4a. Rollouts from the current policy (KV-cached generation on left-padded prompts).
+        # 4a. Rollouts from the current policy (KV-cached generation on left-padded prompts); row i of the
+        #     global batch samples from its own seed, so W processes draw what one process would.
         t0 = time.perf_counter()
         local_rows = local_prompt_rows(
             len(prompts.train_ids), plan.prompts_per_iteration, iteration, cfg.run.seed, rank, accelerator.num_processes
@@ -205,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
                 [prompts.train_ids[i] for i in local_rows],
                 sampling,
                 pcfg.forward_batch_size,
+                row_seeds=sampling_seeds(
+                    cfg.run.seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
+                ),
             )
         mask = rollout.response_mask  # (B, T)
         t1 = time.perf_counter()
@@ -223,23 +242,30 @@ def main(argv: list[str] | None = None) -> None:
         raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (B,), {term: (B,)}
         scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, pcfg.missing_eos_penalty)  # (B,)
 
-        # 4c. Per-token rewards (KL penalty + score at the last token), GAE, whitened advantages.
+        # 4c. Per-token rewards (KL penalty + score at the last token), GAE, whitened advantages; whitening
+        #     takes its mean and variance over every process's rollouts (moments summed over processes).
         kl_coef = kl_controller.value
         rewards, _kl = shape_rewards(scores, logprobs, ref_logprobs, mask, kl_coef)  # (B, T) each
         if pcfg.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
+            moments = accelerator.reduce(masked_moments(rewards, mask), reduction="sum")  # (3,)
+            rewards = masked_whiten(rewards, mask, shift_mean=False, moments=moments)
         advantages, returns = gae_advantages(rewards, values, mask, pcfg.gamma, pcfg.lam)  # (B, T) each
-        advantages = masked_whiten(advantages, mask)
+        moments = accelerator.reduce(masked_moments(advantages, mask), reduction="sum")  # (3,)
+        advantages = masked_whiten(advantages, mask, moments=moments)
         t2 = time.perf_counter()
 
-        # 4d. PPO epochs over minibatches; micro-batches weighted by their share of the minibatch's tokens.
+        # 4d. PPO epochs over minibatches; micro-batches weighted by their share of the minibatch's tokens
+        #     over all processes.
         model.train()
         generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + iteration * 101 + rank)
         stats: dict[str, list[torch.Tensor]] = {}
         kl_stopped = False
         for _ in range(pcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, pcfg.num_minibatches, generator):
-                micro = micro_batches(minibatch.to(device), rollout.lengths, mask, pcfg.micro_batch_size, "token")
+                units = mean_process_units(accelerator, mask[minibatch], "token")
+                micro = micro_batches(
+                    minibatch.to(device), rollout.lengths, mask, pcfg.micro_batch_size, "token", units
+                )
                 step_stats: dict[str, torch.Tensor] = {}
                 for k, (rows, t, weight) in enumerate(micro):
                     input_ids, micro_mask = rollout.input_ids[rows, :t], mask[rows, :t]  # (b, t) each
@@ -294,15 +320,16 @@ def main(argv: list[str] | None = None) -> None:
         iteration += 1
         logger.advance()
 
-        # 4f. Metrics (means over processes), samples, checkpoint.
+        # 4f. Metrics (means over processes; variances and correlations over all rollouts), samples, checkpoint.
         non_score = -kl_coef * seq_kl  # (B,)
+        ev_moments = accelerator.reduce(explained_variance_moments(values, returns, mask), reduction="sum")  # (2, 3)
         local = {
             "objective/scores": scores.mean(),
             "objective/kl": seq_kl.mean(),
             "objective/non_score_reward": non_score.mean(),
             "objective/rlhf_reward": (scores + non_score).mean(),
-            "val/explained_variance": explained_variance(values, returns, mask),
-            **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
+            "val/explained_variance": explained_variance(values, returns, mask, moments=ev_moments),
+            **response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, scores)), t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }

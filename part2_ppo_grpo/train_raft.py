@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
             "selected/score_mean": kept_scores.mean(),
             "selected/length_mean": kept_rollout.response_lengths.float().mean(),
             "selected/eos_rate": kept_rollout.finished.float().mean(),
-            **response_metrics(rollout.response_lengths, rollout.finished, scores, t1 - t0),
+            **response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, scores)), t1 - t0),
             **{f"train/{key}": torch.stack(values).mean() for key, values in train_stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }

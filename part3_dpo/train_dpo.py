@@ -47,7 +47,7 @@ from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
 from rlhf.models import load_policy, load_tokenizer, token_logprobs
 from rlhf.ops import sequence_logps
 from rlhf.plots import plot_training_curves
-from rlhf.rollout import SamplingConfig, sample_responses
+from rlhf.rollout import SamplingConfig, sample_responses, sampling_seeds
 from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator
 
@@ -310,17 +310,17 @@ def main(argv: list[str] | None = None) -> None:
     gold_judge = cfg.data.path == "embedded" and bool(eval_prompts)
 
     def sample_held_out(model) -> list[tuple[str, bool]]:
+        """Prompt i samples from its own seed, whichever process it is sharded to; torch's RNG is left alone."""
         model = accelerator.unwrap_model(model).eval()  # generate() lives on the unwrapped module
-        cuda = [accelerator.device] if accelerator.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda):  # a fixed sampling seed that leaves training's RNG stream alone
-            torch.manual_seed(cfg.run.seed)
 
-            def sample(batch_prompts):
-                with accelerator.autocast():
-                    out = sample_responses(model, tokenizer, encode_texts(tokenizer, batch_prompts), sampling)
-                return list(zip(out.texts, out.finished))
+        def sample(batch: list[tuple[int, str]]) -> list[tuple[str, bool]]:
+            ids = encode_texts(tokenizer, [prompt for _, prompt in batch])
+            with accelerator.autocast():
+                out = sample_responses(model, tokenizer, ids, sampling, row_seeds=[seed for seed, _ in batch])
+            return list(zip(out.texts, out.finished))
 
-            return forward_map(sample, eval_prompts, dcfg.eval_batch_size, accelerator)
+        seeds = sampling_seeds(cfg.run.seed, 0, range(len(eval_prompts)))
+        return forward_map(sample, list(zip(seeds, eval_prompts)), dcfg.eval_batch_size, accelerator)
 
     t0 = time.perf_counter()
     sft_samples = sample_held_out(ref_model)

@@ -50,31 +50,62 @@ def masked_var(values: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return sq_dev_sum / dof.clamp(min=1)
 
 
-def masked_whiten(values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_moments(values: Tensor, mask: Tensor) -> Tensor:
+    """(3,) float64 [n, sum x, sum x^2] over the True entries of `mask`.
+
+    Moments add: the sum of every process's moments (an all-reduce) is the moments of the whole
+    batch, which is how `masked_whiten` and `explained_variance` take statistics over all processes.
+    float64 keeps the one-pass variance (sum x^2 − n mean^2) free of cancellation at these sizes.
+    """
+    values = torch.where(mask, values.double(), 0.0)
+    return torch.stack([mask.sum().double(), values.sum(), values.square().sum()])
+
+
+def moments_mean_var(moments: Tensor, unbiased: bool = True) -> tuple[Tensor, Tensor]:
+    """(mean, var) float64 scalars from `masked_moments` [n, sum, sum of squares]. Too few
+    entries (n = 0, or n = 1 when unbiased) give var 0, as `masked_var`."""
+    n, total, total_sq = moments.unbind(-1)
+    mean = total / n.clamp(min=1)
+    dof = n - 1 if unbiased else n
+    return mean, ((total_sq - n * mean.square()) / dof.clamp(min=1)).clamp(min=0)
+
+
+def masked_whiten(
+    values: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8, moments: Tensor | None = None
+) -> Tensor:
     """(x − mean) / sqrt(var + eps) with mean and (unbiased) var taken over masked entries only.
 
     shift_mean=False adds the mean back (only rescales), as in Huang et al. 2024 `whiten`.
     Entries where `mask` is False are 0 in the output.
-    values, mask: same shape -> same shape.
+    values, mask: same shape -> same shape. moments: the statistics to use, `masked_moments`
+    summed over every process's batch (default: this batch's own), so a batch split across
+    processes is whitened as one.
     """
     values = upcast(values)
-    mean = masked_mean(values, mask)
-    var = masked_var(values, mask, unbiased=True)
+    mean, var = moments_mean_var(masked_moments(values, mask) if moments is None else moments)
+    mean, var = mean.to(values.dtype), var.to(values.dtype)
     whitened = (values - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask, whitened, 0.0)
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+def explained_variance_moments(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """(2, 3) float64: `masked_moments` of the returns R and of the residuals R − V; sum them over
+    processes for the `explained_variance` of the whole batch."""
+    return torch.stack([masked_moments(returns, mask), masked_moments(upcast(returns) - upcast(values), mask)])
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, moments: Tensor | None = None) -> Tensor:
     """1 − Var[R − V] / Var[R] over masked entries (CleanRL's diagnostic for the critic).
 
     1 = perfect value predictions, 0 = no better than predicting the mean return, < 0 = worse.
-    NaN when Var[R] = 0 (undefined, as in CleanRL). values, returns, mask: same shape -> scalar.
+    NaN when Var[R] = 0 (undefined, as in CleanRL). values, returns, mask: same shape -> scalar
+    (float64). moments: `explained_variance_moments` summed over processes (default: this batch's).
     """
-    values, returns = upcast(values), upcast(returns)
-    var_returns = masked_var(returns, mask)
-    var_residual = masked_var(returns - values, mask)
+    if moments is None:
+        moments = explained_variance_moments(values, returns, mask)
+    var_returns, var_residual = moments_mean_var(moments)[1]
     return torch.where(var_returns > 0, 1 - var_residual / var_returns, torch.nan)
 
 

@@ -5,7 +5,8 @@
 
 A stage that already completed for the same config skips itself, so re-running the pipeline
 after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
-stage under a launcher, e.g. `accelerate launch --multi_gpu` or `torchrun --nproc_per_node 8`.
+stage under a launcher, e.g. `accelerate launch --config_file configs/accelerate/ddp.yaml` or
+`torchrun --nproc_per_node 8` (README, "Many GPUs (accelerate)").
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def select_stages(only: str | None, start: str | None, with_collect: bool = True
     return available
 
 
+def stage_command(stage: str, stage_args: list[str], launch: str) -> list[str]:
+    """The command that runs one stage: its script under `launch` (RLHF_LAUNCH, split as a shell
+    would, e.g. "accelerate launch --config_file configs/accelerate/ddp.yaml"), or under this
+    interpreter when `launch` is empty."""
+    return [*(shlex.split(launch) or [sys.executable]), str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="run_all.sh", description="Run the RLHF pipeline's stages in order.")
     parser.add_argument("--only", help=f"comma-separated stages to run, from: {', '.join(STAGES)}")
@@ -49,12 +57,11 @@ def main(argv: list[str] | None = None) -> None:
     # Validate the config once, before any stage starts: a typo fails here, not an hour in.
     cfg, run, _ = parse_stage_args("pipeline", stage_args)
     stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg))
-    launch = shlex.split(os.environ.get("RLHF_LAUNCH", "")) or [sys.executable]
     print(f"[pipeline] stages: {', '.join(stages)} -> {run.root}")
     pipeline_start = time.perf_counter()
     for stage in stages:
         started = time.perf_counter()
-        result = subprocess.run([*launch, str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args])
+        result = subprocess.run(stage_command(stage, stage_args, os.environ.get("RLHF_LAUNCH", "")))
         if result.returncode != 0:
             print(
                 f"[pipeline] stage '{stage}' failed (exit {result.returncode}); fix it and resume with: "

@@ -30,15 +30,15 @@ val/explained_variance      (PPO) 1 - Var[R - V] / Var[R] of the rollout values 
 val/value_mean              (PPO) mean predicted value
 responses/length_mean       mean response length in tokens (EOS included)
 responses/eos_rate          fraction of responses that ended with EOS
-responses/unfinished        responses that never produced EOS within max_new_tokens
-                            (per process, mean over processes)
-responses/length_score_corr Pearson correlation of length and score over the batch (length hacking shows here)
+responses/unfinished        responses that never produced EOS within max_new_tokens (all processes)
+responses/length_score_corr Pearson correlation of length and score over the batch, all processes (length hacking
+                            shows here)
 gold/score_mean, gold/good_rate   (embedded task) the gold judge on the batch's responses: mean score and share
                                   rated good
 train/loss, train/grad_norm, train/lr   total loss, gradient norm before clipping, learning rate
 time/generate_s, time/score_s, time/train_s   wall seconds of the iteration's phases (score: all no-grad passes)
 time/eval_s                 wall seconds of a held-out evaluation (its own rows; not in the loop's time_per_sample_ms)
-time/tokens_per_s           generated response tokens per second of generation
+time/tokens_per_s           generated response tokens per second of generation, all processes together
 memory/peak_mb              peak memory so far: CUDA max allocated on GPU, max RSS of the process on CPU
 
 Held-out evaluation (keys `<stage>/eval/<name>`): every `eval_every` iterations and once before
@@ -75,7 +75,7 @@ from rlhf.models import context_length, stage_model_errors
 from rlhf.ops import entropy_from_logits, gather_logprobs, kl_k1, last_true_index, masked_sum, upcast
 from rlhf.plots import plot_training_curves
 from rlhf.rewards import load_reward_source
-from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
+from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
 from rlhf.run import RunDir, write_json_atomic
 from rlhf.signals import defer_stops, stop_if_requested
 from rlhf.tracking import MetricLogger
@@ -469,39 +469,60 @@ def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator) 
     return [order[k * size : (k + 1) * size] for k in range(num_minibatches)]
 
 
-def accumulation_weights(response_mask: Tensor, micro_batch_size: int, normalization: str) -> list[float]:
+def loss_units(response_mask: Tensor, normalization: str) -> Tensor:
+    """(n,) what each row weighs in a loss normalised by `normalization`: its response tokens
+    ("token") or 1 ("sequence"). response_mask: (n, T) bool."""
+    if normalization == "token":
+        return response_mask.sum(-1).float()
+    if normalization == "sequence":
+        return torch.ones(response_mask.shape[0], device=response_mask.device)
+    raise ValueError(f"normalization must be 'token' or 'sequence', got {normalization!r}")
+
+
+def accumulation_weights(
+    response_mask: Tensor, micro_batch_size: int, normalization: str, units_per_process: float | None = None
+) -> list[float]:
     """Weights for the losses of consecutive micro-batches of one minibatch so that their weighted
     sum equals the loss of the whole minibatch at once.
 
     "token": a loss averaged over a micro-batch's response tokens weighs its share of the minibatch's
     tokens; "sequence": a loss averaged over rows weighs its share of the rows.
     response_mask: (n, T) bool for the minibatch -> one weight per micro-batch, summing to 1.
+
+    Across W processes DDP averages the gradients, so each process's weights must sum to its share
+    of the minibatch's units over all processes, times W: pass `units_per_process`, the
+    `loss_units` of the whole minibatch summed over processes and divided by W (default: this
+    process's own, for one process). Process r's weights then sum to units_r / units_per_process.
     """
-    counts = [
-        response_mask[start : start + micro_batch_size] for start in range(0, response_mask.shape[0], micro_batch_size)
-    ]
-    if normalization == "token":
-        sizes = [float(mask.sum()) for mask in counts]
-    elif normalization == "sequence":
-        sizes = [float(mask.shape[0]) for mask in counts]
-    else:
-        raise ValueError(f"normalization must be 'token' or 'sequence', got {normalization!r}")
-    total = sum(sizes)
+    units = loss_units(response_mask, normalization)
+    sizes = [float(units[start : start + micro_batch_size].sum()) for start in range(0, len(units), micro_batch_size)]
+    total = sum(sizes) if units_per_process is None else units_per_process
     return [size / total if total else 1.0 / len(sizes) for size in sizes]
 
 
+def mean_process_units(accelerator, response_mask: Tensor, normalization: str) -> float:
+    """The `loss_units` of a minibatch whose rows `response_mask` (n, T) holds on this process,
+    summed over processes and divided by their number (`accumulation_weights`)."""
+    return accelerator.reduce(loss_units(response_mask, normalization).sum(), reduction="mean").item()
+
+
 def micro_batches(
-    minibatch: Tensor, lengths: Tensor, response_mask: Tensor, micro_batch_size: int, normalization: str
+    minibatch: Tensor,
+    lengths: Tensor,
+    response_mask: Tensor,
+    micro_batch_size: int,
+    normalization: str,
+    units_per_process: float | None = None,
 ) -> list[tuple[Tensor, int, float]]:
     """Split one minibatch of rollout rows into micro-batches for gradient accumulation.
 
     minibatch: (n,) row indices; lengths: (B,) tokens per row; response_mask: (B, T) bool.
     Rows are sorted by length (stably), so similar lengths share a micro-batch. -> one
     (rows, t, weight) per micro-batch: its row indices, the columns it needs (past its longest
-    row, all is padding) and its `accumulation_weights` weight.
+    row, all is padding) and its `accumulation_weights` weight (`units_per_process` as there).
     """
     minibatch = minibatch[torch.argsort(lengths[minibatch], stable=True)]
-    weights = accumulation_weights(response_mask[minibatch], micro_batch_size, normalization)
+    weights = accumulation_weights(response_mask[minibatch], micro_batch_size, normalization, units_per_process)
     chunks = [minibatch[k * micro_batch_size : (k + 1) * micro_batch_size] for k in range(len(weights))]
     return [(rows, int(lengths[rows].max()), weight) for rows, weight in zip(chunks, weights)]
 
@@ -632,6 +653,9 @@ def check_frozen(stage: str, roles: dict[str, torch.nn.Module | None], before: d
         raise RuntimeError(f"{stage}: a frozen role changed during training: {before} -> {after}")
 
 
+EVAL_STREAM = -1  # the `sampling_seeds` stream of held-out evaluations (training iterations use 0, 1, ...)
+
+
 @torch.no_grad()
 def sample_for_eval(
     policy,
@@ -644,14 +668,17 @@ def sample_for_eval(
     accelerator,
     reference=None,
 ) -> dict[str, list]:
-    """Sample one response per prompt (sharded over processes, seeded by seed + rank so two policies
-    see the same random numbers) and score it with the reward model; with `reference`, also the
-    sequence KL of each response to it. -> per-prompt lists: responses, rewards, lengths, finished, kl."""
+    """Sample one response per prompt and score it with the reward model; with `reference`, also the
+    sequence KL of each response to it. The prompts are sharded over processes and gathered; prompt i
+    samples from its own seed (`sampling_seeds(seed, EVAL_STREAM, ...)`), so two policies see the same
+    random numbers and the results do not depend on the number of processes.
+    -> per-prompt lists: responses, rewards, lengths, finished, kl."""
     policy.eval()
-    torch.manual_seed(seed + accelerator.process_index)
 
-    def one_batch(batch_ids: list[list[int]]) -> list[dict]:
-        rollout = generate_rollout(policy, tokenizer, batch_ids, sampling, batch_size)
+    def one_batch(batch: list[tuple[int, list[int]]]) -> list[dict]:
+        rollout = generate_rollout(
+            policy, tokenizer, [ids for _, ids in batch], sampling, batch_size, row_seeds=[s for s, _ in batch]
+        )
         rewards = score_rollout(reward_model, rollout, batch_size)  # (b,)
         kl = torch.zeros_like(rewards)
         if reference is not None:
@@ -671,7 +698,8 @@ def sample_for_eval(
             )
         ]
 
-    items = forward_map(one_batch, prompt_ids, batch_size, accelerator)
+    seeds = sampling_seeds(seed, EVAL_STREAM, range(len(prompt_ids)))
+    items = forward_map(one_batch, list(zip(seeds, prompt_ids)), batch_size, accelerator)
     return {
         "responses": [i["response"] for i in items],
         "rewards": [i["reward"] for i in items],
@@ -830,22 +858,11 @@ def held_out_eval(
     gold: bool,
 ) -> dict[str, float]:
     """The policy now, on the held-out prompts: `summarize_samples` as `<stage>/eval/*` metrics, with
-    the KL measured to the SFT policy. Sampled with the final evaluation's seed, inside a forked RNG,
-    so training continues on the random stream it would have had without this evaluation (the same
-    weights with or without eval_every, and a resumed run stays exact)."""
-    devices = [accelerator.device] if accelerator.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        samples = sample_for_eval(
-            policy,
-            tokenizer,
-            prompts.eval_ids,
-            sampling,
-            seed,
-            batch_size,
-            reward_model,
-            accelerator,
-            reference=sft_policy,
-        )
+    the KL measured to the SFT policy. Sampled with the final evaluation's per-prompt seeds, which
+    draw nothing from torch's RNG: training's random stream is the same with or without eval_every."""
+    samples = sample_for_eval(
+        policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator, reference=sft_policy
+    )
     return eval_metrics(stage, summarize_samples(prompts.eval_texts, samples, gold))
 
 

@@ -15,7 +15,10 @@ values, rewards) use the same (B, T) layout, aligned with the token they belong 
 attention mask, so a row scores the same in either padding layout.
 
 Contracts:
-- Sampling uses the KV cache (`generate`); the pad token is never sampled.
+- Sampling uses the KV cache (`generate`); the pad token is never sampled. Given one seed per
+  row (`row_seeds`, `sampling_seeds`), row i's response depends on its prompt, the policy and its
+  seed alone, not on which process or batch generates it: a run on W processes samples what a run
+  on one does (Gumbel-max with a generator per row, `RowSeededSampling`).
 - A response is cut after its first EOS; everything after it is padding, outside
   `response_mask`. A response that never produced EOS is *unfinished* (`Rollout.finished`).
 - Log-probs of the sampled tokens are recomputed by a plain forward pass with the logits divided
@@ -31,10 +34,18 @@ Contracts:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from rlhf.batching import collate_sequences, encode_texts, left_pad
 from rlhf.models import reward_scores, token_logprobs
@@ -119,6 +130,36 @@ def truncate_after_eos(generated: torch.Tensor, eos_id: int, pad_id: int) -> tup
     return generated.masked_fill(~response_mask, pad_id), response_mask
 
 
+def sampling_seeds(seed: int, stream: int, rows: range) -> list[int]:
+    """One sampling seed per row of a global batch, a function of (seed, stream, row) alone; e.g.
+    stream = the iteration, rows = this process's slice of the batch (`RowSeededSampling`)."""
+    return [
+        int.from_bytes(hashlib.sha256(f"{seed}/{stream}/{row}".encode()).digest()[:8], "little") >> 1 for row in rows
+    ]
+
+
+class RowSeededSampling(LogitsProcessor):
+    """Sampling with one random stream per row, for greedy `generate`: the scores are tempered and
+    truncated (top-k, top-p) as `generate` would, then get Gumbel noise from the row's own
+    generator; argmax(log p + Gumbel) is a sample of p (the Gumbel-max trick, Gumbel 1954; Maddison
+    et al. 2014, arXiv 1411.0030). scores: (b, V) -> (b, V)."""
+
+    def __init__(self, seeds: list[int], sampling: SamplingConfig, device):
+        self.generators = [torch.Generator(device=device).manual_seed(seed) for seed in seeds]
+        self.warpers = LogitsProcessorList([TemperatureLogitsWarper(sampling.temperature)])
+        if sampling.top_k > 0:
+            self.warpers.append(TopKLogitsWarper(sampling.top_k))
+        if sampling.top_p < 1:
+            self.warpers.append(TopPLogitsWarper(sampling.top_p))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = self.warpers(input_ids, scores)  # (b, V)
+        uniform = torch.stack(
+            [torch.rand(scores.shape[1], generator=g, device=scores.device) for g in self.generators]
+        )  # (b, V)
+        return scores - torch.log(-torch.log(uniform)).to(scores.dtype)
+
+
 def chunks(n: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
@@ -131,11 +172,13 @@ def generate_rollout(
     sampling: SamplingConfig,
     batch_size: int | None = None,
     return_generation_logprobs: bool = False,
+    row_seeds: list[int] | None = None,
 ) -> Rollout:
     """Sample one response per prompt with the KV cache, `batch_size` prompts per generate() call.
 
     `model` is a causal LM (unwrapped). Rows keep the order of `prompt_ids`; repeat a prompt to
-    get several samples of it (GRPO groups).
+    get several samples of it (GRPO groups). With `row_seeds` (one per prompt, `sampling_seeds`)
+    each row samples from its own seed (`RowSeededSampling`); otherwise from torch's global RNG.
     """
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     device = next(model.parameters()).device
@@ -143,14 +186,18 @@ def generate_rollout(
     width = prompts["input_ids"].shape[1]
     greedy = sampling.temperature == 0
     pieces, logprob_pieces = [], []
+    seeded = row_seeds is not None and not greedy
     for rows in chunks(len(prompt_ids), batch_size or len(prompt_ids)):
+        # Row-seeded sampling is greedy decoding over noised scores: generate() itself draws nothing.
+        processors = [RowSeededSampling(row_seeds[rows], sampling, device)] if seeded else []
         out = model.generate(
             input_ids=prompts["input_ids"][rows].to(device),
             attention_mask=prompts["attention_mask"][rows].to(device),
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None if greedy else sampling.top_k,
+            do_sample=not (greedy or seeded),
+            temperature=None if greedy or seeded else sampling.temperature,
+            top_p=None if greedy or seeded else sampling.top_p,
+            top_k=None if greedy or seeded else sampling.top_k,
+            logits_processor=LogitsProcessorList(processors),
             max_new_tokens=sampling.max_new_tokens,
             eos_token_id=eos_id,
             pad_token_id=pad_id,
@@ -200,9 +247,12 @@ def generate_rollout(
 
 
 @torch.no_grad()
-def sample_responses(model, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig) -> Responses:
-    """Sample one response per prompt with the KV cache. The pad token is never sampled."""
-    rollout = generate_rollout(model, tokenizer, prompt_ids, sampling)
+def sample_responses(
+    model, tokenizer, prompt_ids: list[list[int]], sampling: SamplingConfig, row_seeds: list[int] | None = None
+) -> Responses:
+    """Sample one response per prompt with the KV cache (one seed per row: `generate_rollout`).
+    The pad token is never sampled."""
+    rollout = generate_rollout(model, tokenizer, prompt_ids, sampling, row_seeds=row_seeds)
     return Responses(rollout.response_ids(), rollout.texts(tokenizer), rollout.finished.tolist())
 
 

@@ -9,6 +9,7 @@ from rlhf.ops import (
     KL_ESTIMATORS,
     entropy_from_logits,
     explained_variance,
+    explained_variance_moments,
     gae_advantages,
     gather_logprobs,
     group_advantages,
@@ -17,9 +18,11 @@ from rlhf.ops import (
     kl_k3,
     last_true_index,
     masked_mean,
+    masked_moments,
     masked_sum,
     masked_var,
     masked_whiten,
+    moments_mean_var,
     sequence_logps,
 )
 
@@ -85,6 +88,41 @@ def test_masked_whiten_uses_masked_stats_and_zeros_the_rest():
     other = VALUES.clone()
     other[~MASK] = 1e6
     close(masked_whiten(other, MASK), expected)
+
+
+def test_moments_of_two_processes_add_up_to_the_whole_batch():
+    # VALUES' masked entries 1, 2 | 4, 6: n 4, sum 13, sum of squares 1 + 4 + 16 + 36 = 57
+    close(masked_moments(VALUES, MASK), [4.0, 13.0, 57.0])
+    first, second = masked_moments(VALUES[:1], MASK[:1]), masked_moments(VALUES[1:], MASK[1:])
+    close(first, [2.0, 3.0, 5.0])
+    close(second, [2.0, 10.0, 52.0])
+    mean, var = moments_mean_var(first + second)  # what an all-reduce sum hands each process
+    close(mean, 3.25)
+    close(var, (57 - 4 * 3.25**2) / 3)  # = 14.75 / 3, as test_masked_var
+    close(moments_mean_var(first + second, unbiased=False)[1], 14.75 / 4)
+    close(moments_mean_var(torch.zeros(3, dtype=torch.float64))[1], 0.0)  # nothing masked in: 0, not NaN
+
+
+def test_masked_whiten_with_global_moments_whitens_each_half_as_the_whole():
+    """Process r whitens its rows with the summed moments: together they equal whitening the whole
+    batch at once; with only their own moments they would not."""
+    moments = masked_moments(VALUES[:1], MASK[:1]) + masked_moments(VALUES[1:], MASK[1:])
+    halves = [masked_whiten(VALUES[k : k + 1], MASK[k : k + 1], moments=moments) for k in (0, 1)]
+    close(torch.cat(halves), masked_whiten(VALUES, MASK))
+    std = math.sqrt(14.75 / 3 + 1e-8)
+    close(halves[0], [[(1 - 3.25) / std, (2 - 3.25) / std, 0.0]])
+    # alone, the first half [1, 2] would have mean 1.5 and var 0.5
+    close(masked_whiten(VALUES[:1], MASK[:1]), [[-0.5 / math.sqrt(0.5 + 1e-8), 0.5 / math.sqrt(0.5 + 1e-8), 0.0]])
+
+
+def test_explained_variance_from_summed_moments_equals_the_whole_batch():
+    returns = f64([1.0, 2.0], [3.0, 4.0])
+    values = f64([1.0, 2.0], [3.0, 5.0])
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    moments = explained_variance_moments(values[:1], returns[:1], mask[:1])
+    moments = moments + explained_variance_moments(values[1:], returns[1:], mask[1:])
+    close(explained_variance(None, None, None, moments=moments), 0.85)  # as in test_explained_variance
+    close(explained_variance(values, returns, mask), 0.85)
 
 
 def test_masked_ops_compute_in_float32_for_bf16_inputs():

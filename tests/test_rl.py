@@ -279,6 +279,26 @@ def test_accumulation_weights_by_hand():
         accumulation_weights(mask, 2, "dr_grpo")
 
 
+def test_accumulation_weights_across_processes_give_the_global_token_mean():
+    """Two processes hold rows [0, 1] (4 tokens) and [2, 3] (6 tokens): 5 units per process on
+    average. Their weights sum to 4/5 and 6/5, so DDP's average over processes of the weighted
+    micro-batch means is the mean over all 10 tokens, as one process with the whole minibatch."""
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    values = torch.arange(16.0).reshape(4, 4)
+    first, second = accumulation_weights(mask[:2], 1, "token", 5.0), accumulation_weights(mask[2:], 1, "token", 5.0)
+    close(first, [3 / 5, 1 / 5])
+    close(second, [4 / 5, 2 / 5])
+    row_means = [values[k][mask[k]].mean() for k in range(4)]  # 1, 4, 9.5, 12.5
+    ddp = (sum(w * m for w, m in zip(first, row_means[:2])) + sum(w * m for w, m in zip(second, row_means[2:]))) / 2
+    close(ddp, values[mask].mean())  # (0 + 1 + 2 + 4 + 8 + 9 + 10 + 11 + 12 + 13) / 10 = 7
+    close(values[mask].mean(), 7.0)
+    # without the global count each process weighs its own tokens: the mean of 1.75 and 10.5, 6.125
+    local = [accumulation_weights(mask[k : k + 2], 1, "token") for k in (0, 2)]
+    close(sum(w * m for k in (0, 1) for w, m in zip(local[k], row_means[2 * k : 2 * k + 2])) / 2, 6.125)
+    # "sequence": every process holds as many rows, so the count is its own
+    close(accumulation_weights(mask[:2], 1, "sequence", 2.0), [0.5, 0.5])
+
+
 def test_micro_batches_sort_by_length_and_carry_their_weights():
     lengths = torch.tensor([5, 2, 7, 3, 9])
     response_mask = torch.zeros(5, 9, dtype=torch.bool)

@@ -8,6 +8,7 @@ from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadMo
 
 from rlhf.models import disable_dropout, reward_scores, token_logprobs, train_tokenizer
 from rlhf.rollout import (
+    RowSeededSampling,
     SamplingConfig,
     forward_in_chunks,
     generate_rollout,
@@ -15,6 +16,7 @@ from rlhf.rollout import (
     rollout_logprobs,
     same_tokenizer,
     sample_responses,
+    sampling_seeds,
     score_rollout,
     truncate_after_eos,
 )
@@ -145,6 +147,46 @@ def test_generation_logprobs_match_a_teacher_forced_forward_pass(tokenizer, roll
     assert not torch.allclose(
         rollout_logprobs(policy, rollout, temperature=1.0, batch_size=4)[mask], recomputed[mask], atol=1e-3
     )
+
+
+def test_row_seeded_rows_sample_the_same_in_any_batch_or_process(tokenizer):
+    """A row's response depends on its prompt and seed only: the batch of 10 in one call equals its
+    halves generated apart (two processes, each with its slice of the seeds), in chunks of 3,
+    whatever torch's global RNG holds; other seeds give other responses."""
+    policy = tiny_policy(tokenizer)
+    prompt_ids = encode(tokenizer, PROMPTS) * 2
+    seeds = sampling_seeds(7, 0, range(10))
+    sampling = SamplingConfig(max_new_tokens=12, temperature=0.7)
+    torch.manual_seed(0)
+    whole = generate_rollout(policy, tokenizer, prompt_ids, sampling, row_seeds=seeds).response_ids()
+    torch.manual_seed(1)
+    halves = [
+        generate_rollout(policy, tokenizer, prompt_ids[k : k + 5], sampling, 3, row_seeds=seeds[k : k + 5])
+        for k in (0, 5)
+    ]
+    assert halves[0].response_ids() + halves[1].response_ids() == whole
+    assert whole[:5] != whole[5:]  # the same prompts, other seeds
+    other = generate_rollout(policy, tokenizer, prompt_ids, sampling, row_seeds=sampling_seeds(8, 0, range(10)))
+    assert other.response_ids() != whole
+
+
+def test_sampling_seeds_are_a_function_of_seed_stream_and_row():
+    assert sampling_seeds(0, 3, range(4, 6)) == sampling_seeds(0, 3, range(6))[4:]
+    assert len(set(sampling_seeds(0, 3, range(100)) + sampling_seeds(0, 4, range(100)))) == 200
+    assert all(0 <= s < 2**63 for s in sampling_seeds(1, 0, range(10)))
+
+
+def test_row_seeded_sampling_draws_from_the_tempered_truncated_distribution():
+    """Gumbel-max: argmax(scores / T + Gumbel) over many rows has the frequencies of softmax(scores / T);
+    with top_k=2 the third token never wins. logits [2, 1, 0] at T = 2: p ∝ [e, e^0.5, 1]."""
+    logits = torch.tensor([[2.0, 1.0, 0.0]]).expand(6000, 3)
+    seeds = sampling_seeds(0, 0, range(6000))
+    picks = RowSeededSampling(seeds, SamplingConfig(8, temperature=2.0), "cpu")(None, logits).argmax(-1)
+    expected = torch.tensor([2.7183, 1.6487, 1.0]) / 5.3670  # [0.506, 0.307, 0.186]
+    torch.testing.assert_close(torch.bincount(picks, minlength=3) / 6000.0, expected, atol=0.02, rtol=0)
+    top2 = RowSeededSampling(seeds, SamplingConfig(8, temperature=2.0, top_k=2), "cpu")(None, logits).argmax(-1)
+    assert top2.max() == 1
+    torch.testing.assert_close((top2 == 0).float().mean(), torch.tensor(2.7183 / 4.3670), atol=0.02, rtol=0)
 
 
 def test_chunked_forward_matches_one_full_pass_and_keeps_row_order(tokenizer, rollout):
