@@ -1,30 +1,33 @@
-"""Stage `data`: load HH-format preference pairs, count every edge case, split, and describe lengths.
+"""Stage `data`: load preference pairs (and demonstrations), count every edge case, split, and describe lengths.
 
     python part1_reward/analyze_data.py --preset tiny
 
-Reads `data.path` (Hub id, local HH-format file or folder, or `embedded`) and writes
-`<run>/data/`: train/val/test.jsonl (`{"prompt", "chosen", "rejected", ...}` with responses
-only), the tokenizer every later stage uses, stats.json and lengths.png.
+Reads `data.path` (Hub id, local file or folder in `data.format`, or `embedded`) and, when set,
+`data.sft_path` (demonstrations: one reference response per prompt), and writes `<run>/data/`:
+train/val/test.jsonl (`{"prompt", "chosen", "rejected", ...}` with responses only),
+sft_{train,val,test}.jsonl (`{"prompt", "response", ...}`, with data.sft_path), the tokenizer every later
+stage uses, stats.json and lengths.png. Both sources go through the same edge-case table and filters.
 """
 
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 from rlhf import task
 from rlhf.batching import encode_texts
 from rlhf.checkpoint import fresh_tmp, publish_dir
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import (
-    DROP_HINTS,
+    DEMONSTRATION_FORMATS,
     DROP_REASONS,
-    ParsedPair,
+    PAIR_FORMATS,
+    RowFormat,
     check_invalid_share,
     check_splits_not_empty,
     count_reasons,
     length_stats,
     load_raw_splits,
-    parse_pair,
     prompt_split,
     token_filter_reason,
     write_jsonl,
@@ -33,6 +36,16 @@ from rlhf.errors import UserError
 from rlhf.models import check_model_sources, load_pretrained_tokenizer, train_tokenizer
 from rlhf.plots import plot_length_distributions
 from rlhf.run import write_json_atomic
+
+
+class Source(NamedTuple):
+    """One data source: "pairs" (data.path) or "demonstrations" (data.sft_path), and its raw rows per split."""
+
+    what: str
+    key: str
+    path: str
+    fmt: RowFormat
+    raw: dict[str, list[object]]
 
 
 def embedded_raw_splits(cfg) -> dict[str, list[dict]]:
@@ -46,10 +59,70 @@ def embedded_raw_splits(cfg) -> dict[str, list[dict]]:
     }
 
 
-def to_row(pair: ParsedPair, raw: dict) -> dict:
-    """The processed row: prompt and responses, plus any metadata the source carried (e.g. gold scores)."""
-    meta = {key: value for key, value in raw.items() if key not in ("chosen", "rejected")}
-    return {"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected, **meta}
+def parse_source(source: Source, max_invalid_fraction: float) -> tuple[dict[str, list[dict]], dict[str, list[str]]]:
+    """Processed rows and drop reasons per split, after the text-level edge cases; a one-line error when a split
+    has too many invalid rows or no training row survives."""
+    kept: dict[str, list[dict]] = {}
+    reasons: dict[str, list[str]] = {}
+    for split, raw_rows in source.raw.items():
+        read = [source.fmt.read(raw) for raw in raw_rows]
+        kept[split] = [row for row in read if isinstance(row, dict)]
+        reasons[split] = [row for row in read if isinstance(row, str)]
+        check_invalid_share(
+            source.path, split, reasons[split], len(raw_rows), max_invalid_fraction, source.fmt.hints(), source.key
+        )
+    if not kept["train"]:
+        counts = count_reasons(reasons["train"])
+        worst = max(counts, key=counts.get)
+        raise UserError(
+            f"{source.key} '{source.path}': no usable training {source.what} among {len(source.raw['train'])} rows "
+            f"({counts[worst]} dropped as {worst}); {source.fmt.hint(worst)}"
+        )
+    return kept, reasons
+
+
+def filter_and_split(
+    kept: dict[str, list[dict]], reasons: dict[str, list[str]], fields: tuple[str, ...], tokenizer, data_cfg
+) -> tuple[dict[str, list[dict]], dict[str, dict[str, list[int]]]]:
+    """Token-level filters (drops appended to `reasons`), the deterministic prompt-level validation split and the
+    caps; returns the rows and the token lengths ({"prompt", *fields}) of each of train, val and test."""
+    splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
+    lengths = {name: {key: [] for key in ("prompt", *fields)} for name in splits}
+    for split, rows in kept.items():
+        counts = {
+            key: [len(ids) for ids in encode_texts(tokenizer, [r[key] for r in rows])] for key in ("prompt", *fields)
+        }
+        for i, row in enumerate(rows):
+            reason = token_filter_reason(counts["prompt"][i], [counts[key][i] for key in fields], data_cfg)
+            if reason:
+                reasons[split].append(reason)
+                continue
+            target = prompt_split(row["prompt"], data_cfg.val_fraction) if split == "train" else "test"
+            splits[target].append(row)
+            for key, values in counts.items():
+                lengths[target][key].append(values[i])
+    for name, cap in (
+        ("train", data_cfg.max_train_pairs),
+        ("val", data_cfg.max_eval_pairs),
+        ("test", data_cfg.max_eval_pairs),
+    ):
+        if cap is not None:
+            splits[name] = splits[name][:cap]
+            lengths[name] = {key: values[:cap] for key, values in lengths[name].items()}
+    return splits, lengths
+
+
+def source_stats(source: Source, splits, lengths, reasons) -> dict:
+    """The edge-case table (drops per reason, overall and per split), counts and length statistics of a source."""
+    drops = {split: count_reasons(r) for split, r in reasons.items()}
+    return {
+        "source": source.path,
+        "n_raw": {split: len(rows) for split, rows in source.raw.items()},
+        f"n_{source.what}": {name: len(rows) for name, rows in splits.items()},
+        "dropped": {reason: sum(drops[s][reason] for s in drops) for reason in DROP_REASONS},
+        "dropped_by_split": drops,
+        "lengths": {name: length_stats(lengths[name]) for name in splits},
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,76 +133,59 @@ def main(argv: list[str] | None = None) -> None:
     t_start = time.perf_counter()
     out_dir = run.stage("data")
 
-    # 1. Raw rows. The embedded task is written out in HH format and read back like any source.
+    # 1. Raw rows: the pairs and, with data.sft_path, the demonstrations. The embedded task is written out in
+    #    HH format and read back like any source.
+    pair_format = PAIR_FORMATS[cfg.data.format]
     if cfg.data.path == "embedded":
         raw_splits = embedded_raw_splits(cfg)
         for split, rows in raw_splits.items():
             (out_dir / "raw").mkdir(exist_ok=True)
             write_jsonl(out_dir / "raw" / f"{split}.jsonl", rows)
     else:
-        raw_splits = load_raw_splits(cfg.data.path)
+        raw_splits = load_raw_splits(cfg.data.path, "data.path", pair_format.kind)
+    sources = [Source("pairs", "data.path", cfg.data.path, pair_format, raw_splits)]
+    if cfg.data.sft_path is not None:
+        demo_format = DEMONSTRATION_FORMATS[cfg.data.format]
+        demo_raw = load_raw_splits(cfg.data.sft_path, "data.sft_path", demo_format.kind)
+        sources.append(Source("demonstrations", "data.sft_path", cfg.data.sft_path, demo_format, demo_raw))
 
-    # 2. Parse dialogues into (prompt, chosen, rejected) and drop text-level edge cases.
-    kept: dict[str, list[dict]] = {}
-    reasons: dict[str, list[str]] = {}
-    for split, raw_rows in raw_splits.items():
-        parsed = [(parse_pair(raw), raw) for raw in raw_rows]
-        kept[split] = [to_row(p, raw) for p, raw in parsed if isinstance(p, ParsedPair)]
-        reasons[split] = [p for p, _ in parsed if isinstance(p, str)]
-    for split, raw_rows in raw_splits.items():
-        check_invalid_share(cfg.data.path, split, reasons[split], len(raw_rows), cfg.data.max_invalid_fraction)
-    if not kept["train"]:
-        counts = count_reasons(reasons["train"])
-        worst = max(counts, key=counts.get)
-        raise UserError(
-            f"data.path '{cfg.data.path}': no usable training pairs among {len(raw_splits['train'])} rows "
-            f"({counts[worst]} dropped as {worst}); {DROP_HINTS[worst]}"
-        )
+    # 2. Parse rows into prompt and responses and drop text-level edge cases.
+    parsed = {source.what: parse_source(source, cfg.data.max_invalid_fraction) for source in sources}
 
     # 3. The tokenizer every later stage uses: trained on train text offline, else the model's own.
     if cfg.tokenizer.train_from_data:
-        corpus = sorted({text for row in kept["train"] for text in (row["prompt"], row["chosen"], row["rejected"])})
+        corpus = sorted(
+            {
+                row[key]
+                for source in sources
+                for row in parsed[source.what][0]["train"]
+                for key in ("prompt", *source.fmt.responses)
+            }
+        )
         tokenizer = train_tokenizer(corpus, cfg.tokenizer.vocab_size)
     else:
         tokenizer = load_pretrained_tokenizer(cfg.tokenizer, cfg.model)
 
     # 4. Token-level filters, then the deterministic prompt-level validation split.
-    splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
-    lengths = {name: {"prompt": [], "chosen": [], "rejected": []} for name in splits}
-    for split, rows in kept.items():
-        prompt_lens = [len(ids) for ids in encode_texts(tokenizer, [r["prompt"] for r in rows])]
-        chosen_lens = [len(ids) for ids in encode_texts(tokenizer, [r["chosen"] for r in rows])]
-        rejected_lens = [len(ids) for ids in encode_texts(tokenizer, [r["rejected"] for r in rows])]
-        for row, p_len, c_len, r_len in zip(rows, prompt_lens, chosen_lens, rejected_lens):
-            reason = token_filter_reason(p_len, c_len, r_len, cfg.data)
-            if reason:
-                reasons[split].append(reason)
-                continue
-            target = prompt_split(row["prompt"], cfg.data.val_fraction) if split == "train" else "test"
-            splits[target].append(row)
-            for key, value in (("prompt", p_len), ("chosen", c_len), ("rejected", r_len)):
-                lengths[target][key].append(value)
-    for name, cap in (
-        ("train", cfg.data.max_train_pairs),
-        ("val", cfg.data.max_eval_pairs),
-        ("test", cfg.data.max_eval_pairs),
-    ):
-        if cap is not None:
-            splits[name] = splits[name][:cap]
-            lengths[name] = {key: values[:cap] for key, values in lengths[name].items()}
-    check_splits_not_empty(len(splits["train"]), len(splits["val"]), reasons["train"], cfg.data.val_fraction)
+    outputs = {}
+    for source in sources:
+        kept, reasons = parsed[source.what]
+        splits, lengths = filter_and_split(kept, reasons, source.fmt.responses, tokenizer, cfg.data)
+        check_splits_not_empty(
+            len(splits["train"]),
+            len(splits["val"]),
+            reasons["train"],
+            cfg.data.val_fraction,
+            source.fmt.hints(),
+            source.what,
+        )
+        outputs[source.what] = splits, lengths, reasons
+    splits, lengths, reasons = outputs["pairs"]
 
     # 5. Statistics: the edge-case table, lengths and length bias, and the embedded task's ceiling.
-    drops = {split: count_reasons(r) for split, r in reasons.items()}
-    stats = {
-        "source": cfg.data.path,
-        "n_raw": {split: len(rows) for split, rows in raw_splits.items()},
-        "n_pairs": {name: len(rows) for name, rows in splits.items()},
-        "dropped": {reason: sum(drops[s][reason] for s in drops) for reason in DROP_REASONS},
-        "dropped_by_split": drops,
-        "lengths": {name: length_stats(lengths[name]) for name in splits},
-        "tokenizer_vocab_size": len(tokenizer),
-    }
+    stats = {**source_stats(sources[0], splits, lengths, reasons), "tokenizer_vocab_size": len(tokenizer)}
+    if "demonstrations" in outputs:
+        stats["demonstrations"] = source_stats(sources[1], *outputs["demonstrations"])
     if cfg.data.path == "embedded":
         spec = cfg.data.embedded
         stats["embedded"] = {
@@ -142,6 +198,9 @@ def main(argv: list[str] | None = None) -> None:
     # 6. Write the processed splits, the tokenizer (atomically), stats and the figure.
     for name, rows in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", rows)
+    if "demonstrations" in outputs:
+        for name, rows in outputs["demonstrations"][0].items():
+            write_jsonl(out_dir / f"sft_{name}.jsonl", rows)
     tokenizer_tmp = fresh_tmp(run.tokenizer_dir)
     tokenizer.save_pretrained(tokenizer_tmp)
     publish_dir(tokenizer_tmp, run.tokenizer_dir)
@@ -150,11 +209,11 @@ def main(argv: list[str] | None = None) -> None:
     run.update_summary({"data": stats, "timing_s": {"data": round(time.perf_counter() - t_start, 2)}})
     run.mark_complete("data", cfg, {"n_pairs": stats["n_pairs"]})
 
-    table = "  ".join(f"{reason}={stats['dropped'][reason]}" for reason in DROP_REASONS)
-    print(
-        f"[data] pairs train/val/test = "
-        f"{stats['n_pairs']['train']}/{stats['n_pairs']['val']}/{stats['n_pairs']['test']}; dropped: {table}"
-    )
+    for what, entry in (("pairs", stats), ("demonstrations", stats.get("demonstrations"))):
+        if entry is not None:
+            table = "  ".join(f"{reason}={entry['dropped'][reason]}" for reason in DROP_REASONS)
+            counts = "/".join(str(entry[f"n_{what}"][name]) for name in ("train", "val", "test"))
+            print(f"[data] {what} train/val/test = {counts}; dropped: {table}")
     train_len = stats["lengths"]["train"]
     print(
         f"[data] train chosen {train_len['chosen_tokens_mean']:.1f}±{train_len['chosen_tokens_std']:.1f} tokens, "

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         for n, row in enumerate(labelled):
             p_len, c_len, r_len = (counts[key][n] for key in ("prompt", "chosen", "rejected"))
-            reason = token_filter_reason(p_len, c_len, r_len, cfg.data)
+            reason = token_filter_reason(p_len, (c_len, r_len), cfg.data)
             if reason:
                 drops[reason] += 1
                 continue

@@ -1,10 +1,12 @@
-"""Stage `sft`: supervised fine-tuning of the policy on the chosen responses.
+"""Stage `sft`: supervised fine-tuning of the policy on demonstrations.
 
     python part1_reward/train_sft.py --preset tiny
 
-Reads `<run>/data/` (pairs and tokenizer); writes `<run>/sft/model/` in Hugging Face format.
-The loss is the token-level negative log-likelihood of response tokens (and the EOS that ends
-them) given the prompt; prompt tokens carry no loss.
+Reads `<run>/data/` (the demonstrations of data.sft_path, else the pairs' chosen responses, and the
+tokenizer); writes `<run>/sft/model/` in Hugging Face format. The loss is the token-level negative
+log-likelihood of response tokens (and the EOS that ends them) given the prompt; prompt tokens carry
+no loss. With data.sft_path, greedy responses to validation prompts are scored by ROUGE-L against
+the reference responses.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from rlhf import task
 from rlhf.batching import collate_sequences, encode_responses, encode_texts
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
-from rlhf.data import read_jsonl, write_jsonl
+from rlhf.data import read_demonstrations, write_jsonl
+from rlhf.evaluation import rouge_l
 from rlhf.models import build_policy, check_fits_context, check_model_sources, load_tokenizer, token_logprobs
 from rlhf.ops import masked_sum
 from rlhf.plots import plot_training_curves
@@ -29,7 +32,7 @@ from rlhf.training import fit, forward_map, make_accelerator, sft_batch_loss
 
 def encode_demonstrations(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
     prompts = encode_texts(tokenizer, [row["prompt"] for row in rows])
-    return list(zip(prompts, encode_responses(tokenizer, [row["chosen"] for row in rows])))
+    return list(zip(prompts, encode_responses(tokenizer, [row["response"] for row in rows])))
 
 
 def validation_nll(model, examples, collate, batch_size, accelerator) -> float:
@@ -57,11 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     cfg, run = started
     t_start = time.perf_counter()
 
-    # 1. Data: prompt ids + chosen response ids (EOS appended).
+    # 1. Data: prompt ids + demonstration response ids (EOS appended).
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.tokenizer_dir)
-    train_rows = read_jsonl(run.stage("data") / "train.jsonl")
-    val_rows = read_jsonl(run.stage("data") / "val.jsonl")
+    references = cfg.data.sft_path is not None  # separate demonstrations: reference responses for ROUGE-L
+    train_rows = read_demonstrations(run.stage("data"), "train", references)
+    val_rows = read_demonstrations(run.stage("data"), "val", references)
     train_examples = encode_demonstrations(tokenizer, train_rows)
     val_examples = encode_demonstrations(tokenizer, val_rows)
 
@@ -117,7 +121,27 @@ def main(argv: list[str] | None = None) -> None:
     samples = [{"prompt": p, "response": r, "finished": f} for p, r, f in zip(prompts, greedy.texts, greedy.finished)]
     results = {"val_loss": final["sft/val/loss"], "val_perplexity": final["sft/val/perplexity"], "steps": loop["steps"]}
 
-    # 5. On the embedded task, the gold judge says how good the SFT policy's samples are.
+    # 5. With reference responses, ROUGE-L of greedy responses against them (Huang et al. 2024's SFT metric).
+    if references:
+        reference_by_prompt = {row["prompt"]: row["response"] for row in reversed(val_rows)}  # the first per prompt
+        rouge_prompts = prompts[: cfg.sft.rouge_prompts]
+        greedy_texts = forward_map(
+            lambda batch: (
+                sample_responses(
+                    model,
+                    tokenizer,
+                    encode_texts(tokenizer, batch),
+                    SamplingConfig(cfg.data.max_response_tokens, temperature=0),
+                ).texts
+            ),
+            rouge_prompts,
+            cfg.sft.eval_batch_size,
+            accelerator,
+        )
+        results["val_rougeL"] = rouge_l(greedy_texts, [reference_by_prompt[p] for p in rouge_prompts])
+        logger.log(loop["steps"], {"sft/val/rougeL": results["val_rougeL"]})
+
+    # 6. On the embedded task, the gold judge says how good the SFT policy's samples are.
     if cfg.data.path == "embedded":
         eval_prompts = prompts[: cfg.sft.gold_eval_prompts]
         sampling = SamplingConfig(cfg.data.max_response_tokens, temperature=cfg.sft.temperature)
@@ -132,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
         for sample in samples:
             sample["gold_score"] = task.gold_score(sample["prompt"], sample["response"])
 
-    # 6. Publish: the HF model, samples, curves, summary; then mark complete.
+    # 7. Publish: the HF model, samples, curves, summary; then mark complete.
     if accelerator.is_main_process:
         save_pretrained_atomic(model, tokenizer, run.model_dir("sft"))
         write_jsonl(run.stage("sft") / "samples.jsonl", samples)
@@ -148,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     accelerator.wait_for_everyone()
     accelerator.print(
         f"[sft] val loss {results['val_loss']:.4f} (ppl {results['val_perplexity']:.2f})"
+        + (f"; ROUGE-L {results['val_rougeL']:.3f}" if "val_rougeL" in results else "")
         + (f"; gold good-rate {results['gold_good_rate']:.1%}" if "gold_good_rate" in results else "")
     )
 

@@ -19,9 +19,9 @@ import torch
 from rlhf import task
 from rlhf.batching import encode_texts
 from rlhf.cli import run_stage, start_stage
-from rlhf.data import read_jsonl, write_jsonl
+from rlhf.data import heldout_references, write_jsonl
 from rlhf.errors import UserError
-from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, sequence_kl
+from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, sequence_kl, win_rate_pairings
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
 from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
 from rlhf.rewards import text_scorer
@@ -162,11 +162,11 @@ def main(argv: list[str] | None = None) -> None:
         if stage not in policies:
             print(f"[eval] {stage}: no completed policy in this run; left out")
 
-    # 2. Held-out prompts (test split), with the dataset's chosen response as one more contestant.
-    test_rows = read_jsonl(run.stage("data") / "test.jsonl") or read_jsonl(run.stage("data") / "val.jsonl")
-    chosen_by_prompt = {}
-    for row in test_rows:
-        chosen_by_prompt.setdefault(row["prompt"], row["chosen"])
+    # 2. Held-out prompts (test split), with the dataset's response as one more contestant: the test pairs'
+    #    chosen one, or with eval.baseline=reference the reference response (data.sft_path's demonstrations).
+    separate = cfg.eval.baseline == "reference" and cfg.data.sft_path is not None
+    reference = "reference" if cfg.eval.baseline == "reference" else "chosen"
+    chosen_by_prompt = heldout_references(run.stage("data"), separate)
     prompts = list(chosen_by_prompt)[: cfg.eval.num_prompts]
 
     # 3. Every model answers with the same decoding and seed; RM score, KL to SFT, length, EOS, diversity.
@@ -223,16 +223,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         write_jsonl(out_dir / "responses" / f"{best}.jsonl", answers[best].rows(is_embedded))
 
-    # 5. Pairwise judges: each policy vs SFT, each pair of policies, and each model vs the dataset's chosen.
+    # 5. Pairwise judges, by eval.baseline: each policy vs SFT, each pair of policies and each model vs the
+    #    dataset's chosen response; or each model vs the reference response.
     known = {(p, t): r for a in answers.values() for p, t, r in zip(a.prompts, a.texts, a.rewards)}
     judges, skipped = build_judges(
         cfg, run, is_embedded, text_scorer(reward_model, tokenizer, device, cfg.eval.batch_size, known)
     )
-    contestants = [name for name in answers if name != "sft"]
-    pairings = [(name, "sft") for name in contestants]
-    pairings += [(a, b) for i, a in enumerate(contestants) for b in contestants[i + 1 :]]
-    pairings += [(name, "chosen") for name in ["sft", *contestants]]
-    answers["chosen"] = Answers(
+    pairings = win_rate_pairings(list(answers), cfg.eval.baseline, reference)
+    answers[reference] = Answers(
         prompts,
         [chosen_by_prompt[p] for p in prompts],
         [len(ids) for ids in encode_texts(tokenizer, [chosen_by_prompt[p] for p in prompts])],

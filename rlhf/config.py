@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from rlhf.data import DEMONSTRATION_FORMATS, PAIR_FORMATS
 from rlhf.errors import UserError
 from rlhf.judges import JudgeSettings
 
@@ -44,7 +45,14 @@ class EmbeddedTaskConfig:
 
 @dataclass
 class DataConfig:
-    path: str = "Anthropic/hh-rlhf"  # Hub id, local HH-format file/folder, or "embedded"
+    path: str = "Anthropic/hh-rlhf"  # preference pairs: Hub id, local file/folder in data.format, or "embedded"
+    # row format of data.path and data.sft_path (rlhf/data.py): "hh" (HH-RLHF dialogues) or "tldr" (OpenAI's
+    # summarize-from-feedback comparisons and Reddit TL;DR posts, raw or as preprocessed by Huang et al. 2024)
+    format: str = "hh"
+    # demonstrations for the sft stage (and the reference responses of the reward offset, ROUGE-L and
+    # eval.baseline=reference), a source separate from the pairs: Hub id or local file/folder; None: the pairs'
+    # chosen responses. Needs data.format=tldr
+    sft_path: str | None = None
     val_fraction: float = 0.05  # share of train *prompts* carved out as validation (by a stable hash)
     max_prompt_tokens: int = 256  # pairs whose prompt is longer are dropped (counted as prompt_too_long)
     max_response_tokens: int = 128  # pairs whose chosen or rejected response is longer are dropped
@@ -100,6 +108,9 @@ class SFTConfig(TrainConfig):
     num_samples: int = 8  # validation prompts whose greedy continuations are written to samples.jsonl
     gold_eval_prompts: int = 200  # embedded task: held-out prompts sampled to measure the gold good-rate
     temperature: float = 0.7  # sampling temperature for the gold good-rate measurement
+    # with data.sft_path: validation prompts whose greedy responses are scored by ROUGE-L against the reference
+    # responses (Huang et al. 2024 report SFT ROUGE-L on TL;DR)
+    rouge_prompts: int = 200
 
 
 @dataclass
@@ -299,6 +310,10 @@ class EvalConfig:
     judges: str = "gold,reward,openai"  # comma-separated; gold only on the embedded task; openai needs OPENAI_API_KEY
     openai_max_prompts: int = 200  # prompts per pairing sent to the LLM judge (each judged in both orders)
     suites: bool = True  # answer the failure and capability suites
+    # what win rates are measured against: "sft" (every model vs SFT, every pair of models, and every model vs the
+    # test pairs' chosen response) or "reference" (every model, SFT included, vs the data's reference responses:
+    # data.sft_path's test demonstrations, else the chosen ones; Huang et al. 2024 judge against reference summaries)
+    baseline: str = "sft"
 
 
 @dataclass
@@ -383,8 +398,10 @@ COUNT_KEYS = (
     "samples_per_prompt",
     "pairs_per_prompt",
     "prompts",
+    "rouge_prompts",
 )
 PAIR_SOURCES = ("dataset", "collected", "both")  # reward.pairs and dpo.pairs
+EVAL_BASELINES = ("sft", "reference")  # eval.baseline
 ANNOTATORS = ("simulated", "openai", "reward")  # collect.annotator
 
 
@@ -414,6 +431,18 @@ def validate(cfg: Config) -> None:
             f"data.max_invalid_fraction={cfg.data.max_invalid_fraction} must lie in [0, 1]; "
             "0 stops at the first invalid row, 1 never stops"
         )
+    if cfg.data.format not in PAIR_FORMATS:
+        raise UserError(f"data.format={cfg.data.format!r} is unknown; use one of {', '.join(PAIR_FORMATS)}")
+    if cfg.data.path == "embedded" and cfg.data.format != "hh":
+        raise UserError("data.path=embedded generates HH-format pairs; set data.format=hh")
+    if cfg.data.sft_path is not None and cfg.data.format not in DEMONSTRATION_FORMATS:
+        raise UserError(
+            f"data.sft_path is set but data.format={cfg.data.format} has no demonstration format; "
+            f"set data.format to one of {', '.join(DEMONSTRATION_FORMATS)}, or data.sft_path=null to train SFT on "
+            "the chosen responses"
+        )
+    if cfg.eval.baseline not in EVAL_BASELINES:
+        raise UserError(f"eval.baseline={cfg.eval.baseline!r} is unknown; use one of {', '.join(EVAL_BASELINES)}")
     for section in ("reward", "dpo"):
         source = getattr(cfg, section).pairs
         if source not in PAIR_SOURCES:

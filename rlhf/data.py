@@ -1,10 +1,19 @@
-"""Preference data in the Anthropic HH-RLHF format: loading, parsing, filtering and splitting.
+"""Preference pairs and demonstrations: loading, parsing, filtering and splitting.
 
-A raw row is `{"chosen": dialogue, "rejected": dialogue}`, each a whole conversation of
-`\\n\\nHuman: ...` and `\\n\\nAssistant: ...` turns (Bai et al. 2022, arXiv 2204.05862). We split
-each dialogue into a *prompt* (everything up to and including the final `\\n\\nAssistant:`)
-and a *response* (the text after it). The processed files every later stage reads hold
-`{"prompt", "chosen", "rejected"}` with responses only, plus any metadata the source had.
+Formats (`RowFormat`, chosen by `data.format`):
+- `hh`, pairs: Anthropic HH-RLHF. A raw row is `{"chosen": dialogue, "rejected": dialogue}`, each a whole
+  conversation of `\\n\\nHuman: ...` and `\\n\\nAssistant: ...` turns (Bai et al. 2022, arXiv 2204.05862).
+  We split each dialogue into a *prompt* (everything up to and including the final `\\n\\nAssistant:`)
+  and a *response* (the text after it).
+- `tldr`, pairs: OpenAI's summarize-from-feedback comparisons (Stiennon et al. 2020), raw
+  (`info{subreddit, title, post}`, `summaries[2]{text}`, `choice`) or as preprocessed by Huang et al. 2024
+  (`query`, `chosen`, `rejected` text fields, which win when present).
+- `tldr`, demonstrations (`data.sft_path`): the filtered Reddit TL;DR posts, raw (`subreddit`, `title`,
+  `post`, `summary`) or preprocessed (`query`, `reference_response`).
+
+Every format goes through the same edge-case table (DROP_REASONS), token filters and prompt-level split.
+The processed files every later stage reads hold `{"prompt", "chosen", "rejected"}` (pairs) or
+`{"prompt", "response"}` (demonstrations), responses only, plus metadata the source had.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import json
 import os
 import statistics
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +60,22 @@ DROP_HINTS = {
 # Rows that are not HH pairs at all (as opposed to pairs filtered by design): counted and skipped up
 # to data.max_invalid_fraction of a split, see `check_invalid_share`.
 INVALID_REASONS = ("malformed", "no_assistant_turn")
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    """How one kind of raw row becomes a processed row, and what a valid one holds (for the one-line errors)."""
+
+    read: Callable[[object], dict | str]  # raw row -> processed row, or the DROP_REASONS entry that rejects it
+    responses: tuple[str, ...]  # the processed row's response fields
+    malformed_hint: str  # what a valid raw row holds
+    kind: str  # the format's name in messages, e.g. "HH-format"
+
+    def hint(self, reason: str) -> str:
+        return self.malformed_hint if reason == "malformed" else DROP_HINTS[reason]
+
+    def hints(self) -> dict[str, str]:
+        return {reason: self.hint(reason) for reason in DROP_HINTS}
 
 
 @dataclass(frozen=True)
@@ -93,6 +118,116 @@ def parse_pair(row: object) -> ParsedPair | str:
     return ParsedPair(chosen_prompt, chosen, rejected)
 
 
+def hh_row(raw: object) -> dict | str:
+    """The processed HH row: prompt and responses, plus any metadata the source carried (e.g. gold scores)."""
+    pair = parse_pair(raw)
+    if not isinstance(pair, ParsedPair):
+        return pair
+    meta = {key: value for key, value in raw.items() if key not in ("chosen", "rejected")}
+    return {"prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected, **meta}
+
+
+# Huang et al. 2024 (arXiv 2403.17031; summarize_from_feedback_details/tldr_dataset.py): the TL;DR query, built
+# from a post's fields; the preprocessed sets hold it ready as `query`, truncated at a newline to 512 tokens.
+TLDR_QUERY = "SUBREDDIT: r/{subreddit}\n\nTITLE: {title}\n\nPOST: {post}\n\nTL;DR:"
+# vwxyzjn's preprocessing appends Pythia's EOS as text to each response; the stages append the tokenizer's own EOS.
+TLDR_EOS_TEXT = "<|endoftext|>"
+
+
+def _strings(mapping: object, *keys: str) -> list[str] | None:
+    """The values of `keys` in `mapping` when it is a dict holding a string under each, else None."""
+    if not isinstance(mapping, dict) or not all(isinstance(mapping.get(key), str) for key in keys):
+        return None
+    return [mapping[key] for key in keys]
+
+
+def _tldr_response(text: str) -> str:
+    return text.removesuffix(TLDR_EOS_TEXT)
+
+
+def _tldr_query(raw: object) -> str | None:
+    """The preprocessed `query`, else one built from `subreddit`, `title`, `post` (None when neither is there)."""
+    if (query := _strings(raw, "query")) is not None:
+        return query[0]
+    fields = _strings(raw, "subreddit", "title", "post")
+    return None if fields is None else TLDR_QUERY.format(subreddit=fields[0], title=fields[1], post=fields[2])
+
+
+def _check_responses(responses: list[str]) -> str | None:
+    if len(responses) == 2 and responses[0] == responses[1]:
+        return "tie"
+    if not all(text.strip() for text in responses):
+        return "empty_response"
+    return None
+
+
+def tldr_pair_row(raw: object) -> dict | str:
+    """A processed TL;DR comparison: `query`/`chosen`/`rejected` (Huang et al.'s preprocessed set) when present,
+    else `info` + `summaries[choice]` vs `summaries[1 - choice]` (OpenAI's raw comparisons). CNN/DM rows, whose
+    `info` has an article instead of a post, are malformed here."""
+    texts = _strings(raw, "query", "chosen", "rejected")
+    if texts is not None:
+        prompt, chosen, rejected = texts[0], _tldr_response(texts[1]), _tldr_response(texts[2])
+    else:
+        summaries, choice = (raw.get("summaries"), raw.get("choice")) if isinstance(raw, dict) else (None, None)
+        prompt = _tldr_query(raw.get("info")) if isinstance(raw, dict) else None
+        if (
+            prompt is None
+            or type(choice) is not int
+            or choice not in (0, 1)
+            or not isinstance(summaries, list)
+            or len(summaries) != 2
+            or any(_strings(summary, "text") is None for summary in summaries)
+        ):
+            return "malformed"
+        chosen, rejected = summaries[choice]["text"], summaries[1 - choice]["text"]
+    reason = _check_responses([chosen, rejected])
+    if reason:
+        return reason
+    info = raw.get("info") if isinstance(raw.get("info"), dict) else {}
+    meta = {key: info[key] for key in ("id", "subreddit") if isinstance(info.get(key), str)}
+    return {"prompt": prompt, "chosen": chosen, "rejected": rejected, **meta}
+
+
+def tldr_demonstration_row(raw: object) -> dict | str:
+    """A processed TL;DR demonstration: the query and `" " + summary` (the raw summaries have no leading space;
+    Huang et al. add one), or the preprocessed `query` and `reference_response`."""
+    prompt = _tldr_query(raw)
+    if prompt is None:
+        return "malformed"
+    if (reference := _strings(raw, "reference_response")) is not None:
+        response = _tldr_response(reference[0])
+    elif (summary := _strings(raw, "summary")) is not None:
+        response = " " + summary[0]
+    else:
+        return "malformed"
+    reason = _check_responses([response])
+    if reason:
+        return reason
+    return {"prompt": prompt, "response": response, **{k: raw[k] for k in ("id", "subreddit") if k in raw}}
+
+
+PAIR_FIELDS = ("chosen", "rejected")
+PAIR_FORMATS = {
+    "hh": RowFormat(hh_row, PAIR_FIELDS, DROP_HINTS["malformed"], "HH-format"),
+    "tldr": RowFormat(
+        tldr_pair_row,
+        PAIR_FIELDS,
+        "each row needs string query/chosen/rejected, or info{subreddit,title,post}, summaries[2]{text} and choice 0/1",
+        "OpenAI TL;DR-format",
+    ),
+}
+# Demonstration sources (data.sft_path), by data.format.
+DEMONSTRATION_FORMATS = {
+    "tldr": RowFormat(
+        tldr_demonstration_row,
+        ("response",),
+        "each row needs string subreddit/title/post/summary, or query and reference_response",
+        "OpenAI TL;DR-format",
+    ),
+}
+
+
 def prompt_split(prompt: str, val_fraction: float) -> str:
     """'val' or 'train' from a stable hash of the prompt, so no prompt appears in both splits."""
     bucket = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") / 2**64
@@ -107,14 +242,14 @@ def is_local_source(path: str) -> bool:
     return path.endswith(LOCAL_SUFFIXES) or Path(path).exists() or path.startswith(("/", "./", "../", "~"))
 
 
-def local_files(path: str) -> dict[str, list[Path]]:
+def local_files(path: str, key: str = "data.path", kind: str = "HH-format") -> dict[str, list[Path]]:
     """Map split name -> files for a local file or folder. A folder's files are assigned to
-    'test' when their name contains 'test', else to 'train'."""
+    'test' when their name contains 'test', else to 'train'. `key` and `kind` name the source in errors."""
     root = Path(path)
     if not root.exists():
         raise UserError(
-            f"data.path '{path}' does not exist; give an HH-format .jsonl/.jsonl.gz/.json/.parquet file or folder, "
-            "a Hub id, or 'embedded'"
+            f"{key} '{path}' does not exist; give an {kind} .jsonl/.jsonl.gz/.json/.parquet file or folder, "
+            "a Hub id" + (", or 'embedded'" if key == "data.path" else "")
         )
     files = (
         [root]
@@ -123,11 +258,11 @@ def local_files(path: str) -> dict[str, list[Path]]:
     )
     if not files:
         raise UserError(
-            f"data.path '{path}' holds no .jsonl, .jsonl.gz, .json or .parquet files; "
-            "put HH-format files in it, or point data.path at one"
+            f"{key} '{path}' holds no .jsonl, .jsonl.gz, .json or .parquet files; "
+            f"put {kind} files in it, or point {key} at one"
         )
     if root.is_file() and not root.name.endswith(LOCAL_SUFFIXES):
-        raise UserError(f"data.path '{path}' has an unsupported suffix; use one of {', '.join(LOCAL_SUFFIXES)}")
+        raise UserError(f"{key} '{path}' has an unsupported suffix; use one of {', '.join(LOCAL_SUFFIXES)}")
     splits: dict[str, list[Path]] = {"train": [], "test": []}
     for f in files:
         splits["test" if "test" in f.name.lower() else "train"].append(f)
@@ -182,21 +317,26 @@ def read_rows(file: Path) -> Iterable[object]:
         ) from None
 
 
-def load_raw_splits(path: str) -> dict[str, list[object]]:
-    """Raw rows per split ('train', 'test') from a local source or the Hugging Face Hub."""
+def load_raw_splits(path: str, key: str = "data.path", kind: str = "HH-format") -> dict[str, list[object]]:
+    """Raw rows per split ('train', 'test') from a local source or the Hugging Face Hub. `key` and `kind`
+    name the source in errors (data.path, HH-format)."""
     if is_local_source(path):
-        splits = {split: [row for f in files for row in read_rows(f)] for split, files in local_files(path).items()}
+        splits = {
+            split: [row for f in files for row in read_rows(f)] for split, files in local_files(path, key, kind).items()
+        }
     else:
-        splits = _load_hub(path)
+        splits = _load_hub(path, key, kind)
     if not splits["train"]:
         raise UserError(
-            f"data.path '{path}' has no training rows; give a non-empty HH-format file "
+            f"{key} '{path}' has no training rows; give a non-empty {kind} file "
             "(a file whose name contains 'test' is used as the test split)"
         )
     return splits
 
 
-def _load_hub(path: str) -> dict[str, list[object]]:
+def _load_hub(path: str, key: str, kind: str) -> dict[str, list[object]]:
+    """The Hub dataset's train split, and its test split, or its validation split when it has no test
+    (the TL;DR preference set has train, validation and validation_cnndm)."""
     import datasets
 
     try:
@@ -205,11 +345,12 @@ def _load_hub(path: str) -> dict[str, list[object]]:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UserError(
             f"cannot load dataset '{path}' from the Hugging Face Hub ({first}); "
-            "offline, point data.path at a local HH-format file"
+            f"offline, point {key} at a local {kind} file"
         ) from None
+    test = next((name for name in ("test", "validation") if name in dataset), None)
     return {
         "train": list(dataset["train"]) if "train" in dataset else [],
-        "test": list(dataset["test"]) if "test" in dataset else [],
+        "test": list(dataset[test]) if test else [],
     }
 
 
@@ -237,41 +378,59 @@ def count_reasons(reasons: Iterable[str]) -> dict[str, int]:
     return {reason: counts.get(reason, 0) for reason in DROP_REASONS}
 
 
-def check_invalid_share(source: str, split: str, reasons: Iterable[str], n_rows: int, max_fraction: float) -> None:
+def check_invalid_share(
+    source: str,
+    split: str,
+    reasons: Iterable[str],
+    n_rows: int,
+    max_fraction: float,
+    hints: dict[str, str] = DROP_HINTS,
+    key: str = "data.path",
+) -> None:
     """Invalid rows (INVALID_REASONS) are counted and skipped up to `max_fraction` of a split's
-    `n_rows` (data.max_invalid_fraction); more means the file is not in HH format: a one-line error."""
+    `n_rows` (data.max_invalid_fraction); more means the file is in another format: a one-line error.
+    `hints` (RowFormat.hints) says what a valid row holds; `key` names the config key of the source."""
     counts = count_reasons(reasons)
     n_invalid = sum(counts[reason] for reason in INVALID_REASONS)
     if n_rows and n_invalid > max_fraction * n_rows:
         worst = max(INVALID_REASONS, key=counts.get)
         raise UserError(
-            f"data.path '{source}': {n_invalid} of {n_rows} {split} rows are invalid "
-            f"({counts[worst]} {worst}: {DROP_HINTS[worst]}), more than data.max_invalid_fraction={max_fraction:g}; "
+            f"{key} '{source}': {n_invalid} of {n_rows} {split} rows are invalid "
+            f"({counts[worst]} {worst}: {hints[worst]}), more than data.max_invalid_fraction={max_fraction:g}; "
             "fix the file, or raise data.max_invalid_fraction to skip them"
         )
 
 
-def check_splits_not_empty(n_train: int, n_val: int, train_reasons: Iterable[str], val_fraction: float) -> None:
-    """Train and val must both hold pairs after filtering; the one-line error names the cause: the
-    commonest drop reason when nothing survived, else the validation share."""
+def check_splits_not_empty(
+    n_train: int,
+    n_val: int,
+    train_reasons: Iterable[str],
+    val_fraction: float,
+    hints: dict[str, str] = DROP_HINTS,
+    what: str = "pairs",
+) -> None:
+    """Train and val must both hold rows after filtering; the one-line error names the cause: the
+    commonest drop reason when nothing survived, else the validation share. `what`: "pairs" or "demonstrations"."""
+    source = "" if what == "pairs" else f"{what} (data.sft_path): "
     if n_train and n_val:
         return
     if n_train or n_val:
         empty = "val" if n_train else "train"
         fix = "raise it (or give more prompts)" if empty == "val" else "lower it below 1"
-        raise UserError(f"the {empty} split is empty with data.val_fraction={val_fraction}; {fix}")
+        raise UserError(f"{source}the {empty} split is empty with data.val_fraction={val_fraction}; {fix}")
     counts = count_reasons(train_reasons)
     worst = max(counts, key=counts.get)
     raise UserError(
-        f"the train split is empty after filtering ({counts[worst]} pairs dropped as {worst}); {DROP_HINTS[worst]}"
+        f"{source}the train split is empty after filtering ({counts[worst]} {what} dropped as {worst}); {hints[worst]}"
     )
 
 
-def token_filter_reason(prompt_len: int, chosen_len: int, rejected_len: int, data_cfg) -> str | None:
-    """The DROP_REASONS entry for a pair whose token counts break a `data` limit, else None."""
-    if min(chosen_len, rejected_len) < data_cfg.min_response_tokens:
+def token_filter_reason(prompt_len: int, response_lens: Sequence[int], data_cfg) -> str | None:
+    """The DROP_REASONS entry for a row (a pair's two responses, or one demonstration) whose token counts
+    break a `data` limit, else None."""
+    if min(response_lens) < data_cfg.min_response_tokens:
         return "response_too_short"
-    if max(chosen_len, rejected_len) > data_cfg.max_response_tokens:
+    if max(response_lens) > data_cfg.max_response_tokens:
         return "response_too_long"
     if prompt_len > data_cfg.max_prompt_tokens:
         return "prompt_too_long"
@@ -279,18 +438,38 @@ def token_filter_reason(prompt_len: int, chosen_len: int, rejected_len: int, dat
 
 
 def length_stats(lengths: dict[str, list[int]]) -> dict[str, float]:
-    """Token-length statistics of one split: {"prompt", "chosen", "rejected"} -> lists of counts."""
-    chosen, rejected, prompt = lengths["chosen"], lengths["rejected"], lengths["prompt"]
-    if not chosen:
+    """Token-length statistics of one split: {"prompt", then each response field} -> lists of counts;
+    for pairs ("chosen", "rejected") also the length bias."""
+    responses = [key for key in lengths if key != "prompt"]
+    if not lengths[responses[0]]:
         return {"n": 0}
-    spread = statistics.pstdev
-    return {
-        "n": len(chosen),
-        "prompt_tokens_mean": statistics.fmean(prompt),
-        "chosen_tokens_mean": statistics.fmean(chosen),
-        "chosen_tokens_std": spread(chosen),
-        "rejected_tokens_mean": statistics.fmean(rejected),
-        "rejected_tokens_std": spread(rejected),
-        "chosen_minus_rejected_mean": statistics.fmean(c - r for c, r in zip(chosen, rejected)),
-        "chosen_longer_fraction": sum(c > r for c, r in zip(chosen, rejected)) / len(chosen),
-    }
+    stats = {"n": len(lengths[responses[0]]), "prompt_tokens_mean": statistics.fmean(lengths["prompt"])}
+    for key in responses:
+        stats[f"{key}_tokens_mean"] = statistics.fmean(lengths[key])
+        stats[f"{key}_tokens_std"] = statistics.pstdev(lengths[key])
+    if responses == list(PAIR_FIELDS):
+        chosen, rejected = lengths["chosen"], lengths["rejected"]
+        stats["chosen_minus_rejected_mean"] = statistics.fmean(c - r for c, r in zip(chosen, rejected))
+        stats["chosen_longer_fraction"] = sum(c > r for c, r in zip(chosen, rejected)) / len(chosen)
+    return stats
+
+
+# ----------------------------------------------------------------------------- what later stages read
+
+
+def read_demonstrations(data_dir: Path, split: str, separate: bool) -> list[dict]:
+    """`{"prompt", "response"}` rows of a split: the data stage's demonstrations (`sft_<split>.jsonl`, from
+    data.sft_path) when `separate`, else the pairs' chosen responses."""
+    if separate:
+        return read_jsonl(data_dir / f"sft_{split}.jsonl")
+    return [{"prompt": row["prompt"], "response": row["chosen"]} for row in read_jsonl(data_dir / f"{split}.jsonl")]
+
+
+def heldout_references(data_dir: Path, separate: bool) -> dict[str, str]:
+    """Held-out prompt -> its first reference response, in file order: the test split's demonstrations
+    (`separate`) or chosen responses, from the validation split when the test split is empty."""
+    rows = read_demonstrations(data_dir, "test", separate) or read_demonstrations(data_dir, "val", separate)
+    references: dict[str, str] = {}
+    for row in rows:
+        references.setdefault(row["prompt"], row["response"])
+    return references

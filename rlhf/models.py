@@ -152,6 +152,9 @@ def build_policy(model_cfg: ModelConfig, tokenizer) -> nn.Module:
             model = AutoModelForCausalLM.from_pretrained(
                 model_cfg.name_or_path,
                 config=config,
+                # transformers 5 loads a checkpoint in its own dtype (Pythia: fp16, Llama 3.2: bf16); the trained
+                # weights and AdamW's state stay fp32, and run.mixed_precision casts the compute
+                dtype=torch.float32,
                 use_safetensors=True,
                 trust_remote_code=model_cfg.trust_remote_code,
             )
@@ -303,9 +306,12 @@ def build_reward_model(sft_path: Path, reward_cfg: RewardConfig) -> nn.Module:
                 )
         finally:
             report_logger.removeFilter(quiet)
+        prefix = f"{model.base_model_prefix}."
         surprises = {
             "missing": sorted(set(loading["missing_keys"]) - {"score.weight"}),
-            "unexpected": sorted(loading["unexpected_keys"]),
+            # keys outside the backbone are the causal LM's own head (an untied one, e.g. GPT-NeoX's embed_out),
+            # replaced by the score head by design
+            "unexpected": sorted(key for key in loading["unexpected_keys"] if key.startswith(prefix)),
             "mismatched": sorted(str(key) for key in loading["mismatched_keys"]),
         }
         if any(surprises.values()):
