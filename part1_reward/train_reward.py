@@ -21,6 +21,7 @@ from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
+from rlhf.lora import with_lora
 from rlhf.losses import bradley_terry_loss, logprob_distillation_loss
 from rlhf.models import (
     REWARD_CONFIG_FILE,
@@ -43,6 +44,8 @@ def check_reward_config(cfg) -> None:
         raise UserError(f"reward.label_smoothing must be in [0, 0.5), got {cfg.reward.label_smoothing}")
     if cfg.reward.logprob_distill_coef < 0:
         raise UserError(f"reward.logprob_distill_coef must be >= 0, got {cfg.reward.logprob_distill_coef}")
+    if cfg.model.lora.enabled and cfg.reward.pooling != "last":
+        raise UserError("model.lora.enabled needs reward.pooling=last (LoRA keeps only a last-token score head)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
         batch_pairs, batch_targets = zip(*batch)
         return collate(list(batch_pairs), list(batch_targets) if distilling else None)
 
-    # 3. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024).
-    model = build_reward_model(run.model_dir("sft"), cfg.reward)
+    # 3. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024); with LoRA,
+    #    adapters on the frozen backbone and the head trained in full.
+    model = with_lora(build_reward_model(run.model_dir("sft"), cfg.reward), cfg.model.lora)
     pairwise = SharedPromptPairRewards(model, token_head=distilling)  # what is trained: one forward per batch of pairs
     margin = torch.tensor(cfg.reward.margin) if cfg.reward.margin else None
 

@@ -22,6 +22,7 @@ from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_demonstrations, write_jsonl
 from rlhf.evaluation import rouge_l
+from rlhf.lora import with_lora
 from rlhf.models import build_policy, check_fits_context, check_model_sources, load_tokenizer, token_logprobs
 from rlhf.ops import masked_sum
 from rlhf.plots import plot_training_curves
@@ -79,8 +80,8 @@ def main(argv: list[str] | None = None) -> None:
             cfg.data.max_response_tokens + 1,
         )
 
-    # 2. Policy: pretrained, or the architecture with random weights; dropout off.
-    model = build_policy(cfg.model, tokenizer)
+    # 2. Policy: pretrained, or the architecture with random weights; dropout off; LoRA adapters when enabled.
+    model = with_lora(build_policy(cfg.model, tokenizer), cfg.model.lora)
     check_fits_context(model.config, cfg.data)
     accelerator.print(
         f"[sft] policy: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"

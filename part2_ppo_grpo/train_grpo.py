@@ -38,8 +38,9 @@ import torch
 
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
+from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.losses import grpo_loss
-from rlhf.models import load_policy, load_reward_model, load_tokenizer, position_ids_from_mask
+from rlhf.models import load_reward_model, load_tokenizer, position_ids_from_mask
 from rlhf.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
 from rlhf.rewards import load_reward_source
 from rlhf.rl import (
@@ -125,13 +126,14 @@ def main(argv: list[str] | None = None) -> None:
     # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
     #    when functions give the training score); a frozen reference only when beta > 0. Without one,
     #    periodic evaluation still needs the SFT policy to measure KL against.
-    policy = load_policy(run.model_dir("sft"))
+    #    With LoRA, the reference is the policy with its adapters disabled.
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
-    reference = frozen(load_policy(run.model_dir("sft")), device) if gcfg.kl_coef > 0 else None
+    reference = reference_policy(policy, run.model_dir("sft"), device) if gcfg.kl_coef > 0 else None
     eval_reference = (
         reference
         if reference is not None or gcfg.eval_every == 0
-        else frozen(load_policy(run.model_dir("sft")), device)
+        else reference_policy(policy, run.model_dir("sft"), device)
     )
     frozen_roles = {
         "reward": reward_model,
@@ -359,7 +361,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both. The SFT
     #    policy is loaded now if nothing loaded it yet (peak memory was read above).
-    sft_policy = eval_reference if eval_reference is not None else frozen(load_policy(run.model_dir("sft")), device)
+    sft_policy = (
+        eval_reference if eval_reference is not None else reference_policy(unwrapped, run.model_dir("sft"), device)
+    )
     results, eval_samples = evaluate_against_sft(
         unwrapped,
         sft_policy,

@@ -36,8 +36,9 @@ import torch
 
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
+from rlhf.lora import load_trainable_policy, ppo_critic_and_reward, reference_policy
 from rlhf.losses import ppo_policy_loss, ppo_value_loss
-from rlhf.models import PolicyAndValue, load_policy, load_reward_model, load_tokenizer, value_model_from_reward
+from rlhf.models import PolicyAndValue, load_tokenizer
 from rlhf.ops import (
     explained_variance,
     explained_variance_moments,
@@ -59,7 +60,6 @@ from rlhf.rl import (
     eval_due,
     eval_metrics,
     evaluate_against_sft,
-    frozen,
     frozen_digests,
     gold_metrics,
     held_out_eval,
@@ -152,12 +152,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. Four roles, dropout off in every one (load_* disable it): trainable policy and critic in one
     #    module (one optimizer, one checkpoint), frozen reference and reward model.
-    critic = (
-        value_model_from_reward(load_reward_model(run.model_dir("reward"))) if pcfg.value_model == "separate" else None
-    )
-    model = PolicyAndValue(load_policy(run.model_dir("sft")), critic)
-    reference = frozen(load_policy(run.model_dir("sft")), device)
-    reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
+    #    With LoRA, the reference is the policy with its adapters disabled, and the reward model the critic's.
+    critic, reward_model = ppo_critic_and_reward(run.model_dir("reward"), pcfg.value_model, cfg.model.lora, device)
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    model = PolicyAndValue(policy, critic)
+    reference = reference_policy(policy, run.model_dir("sft"), device)
     frozen_roles = {"reference": reference, "reward": reward_model}
     frozen_before = frozen_digests(frozen_roles)
     optimizer = build_ppo_optimizer(model, pcfg)

@@ -30,7 +30,8 @@ import torch
 
 from rlhf.batching import collate_sequences
 from rlhf.cli import run_stage, start_stage
-from rlhf.models import load_policy, load_reward_model, load_tokenizer
+from rlhf.lora import load_trainable_policy, reference_policy
+from rlhf.models import load_reward_model, load_tokenizer
 from rlhf.raft import check_raft_config, kept_rows, plan_raft, tied_prompts
 from rlhf.rewards import load_reward_source
 from rlhf.rl import (
@@ -105,9 +106,10 @@ def main(argv: list[str] | None = None) -> None:
     # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
     #    when functions rank the samples). The SFT policy, to measure KL against, only when evaluating
     #    along training; the final evaluation loads it otherwise.
-    policy = load_policy(run.model_dir("sft"))
+    #    With LoRA, the SFT policy is the policy with its adapters disabled.
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
-    sft_policy = frozen(load_policy(run.model_dir("sft")), device) if rcfg.eval_every else None
+    sft_policy = reference_policy(policy, run.model_dir("sft"), device) if rcfg.eval_every else None
     frozen_roles = {"reward": reward_model, "sft": sft_policy}
     frozen_before = frozen_digests(frozen_roles)
     optimizer = build_optimizer(policy, rcfg)
@@ -293,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both. The SFT
     #    policy is loaded now if nothing loaded it yet (peak memory was read above).
-    sft_policy = sft_policy if sft_policy is not None else frozen(load_policy(run.model_dir("sft")), device)
+    sft_policy = sft_policy if sft_policy is not None else reference_policy(unwrapped, run.model_dir("sft"), device)
     results, eval_samples = evaluate_against_sft(
         unwrapped,
         sft_policy,

@@ -43,8 +43,9 @@ from rlhf.cli import run_stage, start_stage
 from rlhf.config import Config
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
+from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
-from rlhf.models import load_policy, load_tokenizer, token_logprobs
+from rlhf.models import load_tokenizer, token_logprobs
 from rlhf.ops import sequence_logps
 from rlhf.plots import plot_training_curves
 from rlhf.rollout import SamplingConfig, sample_responses, sampling_seeds
@@ -281,9 +282,11 @@ def main(argv: list[str] | None = None) -> None:
     def score_split(model, split):
         return split_logps(model, pairs[split], collate, dcfg.eval_batch_size, accelerator, average)
 
-    # 2. Reference = SFT. Precomputed: one forward-only pass, cached, then the model is freed.
+    # 2. Reference = SFT. Precomputed: one forward-only pass, cached, then the model is freed. With LoRA the
+    #    reference is the policy with its adapters disabled (no copy).
     t0 = time.perf_counter()
-    ref_model = load_policy(run.model_dir("sft")).to(accelerator.device)
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    ref_model = reference_policy(policy, run.model_dir("sft"), accelerator.device)
     cached_splits: list[str] = []
     if dcfg.precompute_ref:
         cache_path = run.stage("dpo") / REF_CACHE_FILE
@@ -346,7 +349,6 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.reset_peak_memory_stats(accelerator.device)
 
     # 4. Train the policy from the SFT weights with the loss chosen from the table.
-    policy = load_policy(run.model_dir("sft"))
     accelerator.print(
         f"[dpo] policy {sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; loss "
         f"{dcfg.loss_type} beta={dcfg.beta}; {len(pairs['train'])} train pairs; reference "

@@ -21,12 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file
 
 from rlhf.errors import UserError
 from rlhf.faults import fault_point
 
 STATE_FILE = "state.json"
+WEIGHTS_FILE = "model.safetensors"
+ADAPTER_DIR = "adapter"  # a LoRA stage's adapters, beside its merged model/
 
 
 def publish_dir(tmp: Path, final: Path) -> None:
@@ -92,8 +94,17 @@ def save_pretrained_atomic(
 ) -> None:
     """`save_pretrained` (safetensors) + tokenizer + extra JSON files, published atomically.
 
-    `model` must be the unwrapped, uncompiled module so parameter names carry no wrapper prefix.
+    `model` must be the unwrapped, uncompiled module so parameter names carry no wrapper prefix. A LoRA model
+    (peft) is published twice: its adapters alone in the sibling folder `adapter/` (`PeftModel.from_pretrained(
+    base, path)`, the base being the model the stage started from), then merged into its base weights in `final`,
+    which plain transformers loads as before. The merge is in place (no second copy): the LoRA model is spent.
     """
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        with written_atomically(final.with_name(ADAPTER_DIR)) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+        model = model.merge_and_unload()
     with written_atomically(final) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
@@ -124,16 +135,32 @@ def _set_rng_state(state: dict) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))  # noqa: NPY002
 
 
+def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Name -> tensor of every parameter that requires grad, each shared one once (GPT-2's lm_head = wte)."""
+    return {name: param.detach().contiguous() for name, param in model.named_parameters() if param.requires_grad}
+
+
 def save_training_state(final: Path, model: torch.nn.Module, optimizer, scheduler, state: dict) -> None:
-    """Resumable state: weights, optimizer, scheduler, RNG and `state` (step, data position, ...)."""
+    """Resumable state: the trainable weights (all of them, or LoRA's adapters and heads: frozen ones are rebuilt
+    from the stage's inputs), optimizer, scheduler, RNG and `state` (step, data position, ...)."""
     with written_atomically(final) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))  # handles tied weights (GPT-2's lm_head = wte)
+        save_file(trainable_parameters(model), str(tmp / WEIGHTS_FILE))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         fault_point("checkpoint")  # halfway through the write
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))  # written last: marks the folder complete
+
+
+def _load_trainable(model: torch.nn.Module, path: Path) -> None:
+    """Copy a checkpoint's tensors into `model`'s trainable parameters; exactly those names, or a KeyError."""
+    saved = load_file(str(path), device=str(next(model.parameters()).device))
+    expected = trainable_parameters(model).keys()
+    if saved.keys() != expected:
+        missing, unexpected = sorted(expected - saved.keys()), sorted(saved.keys() - expected)
+        raise KeyError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.load_state_dict(saved, strict=False)
 
 
 def checkpoint_fingerprint(final: Path) -> str | None:
@@ -149,7 +176,7 @@ def load_training_state(final: Path, model: torch.nn.Module, optimizer, schedule
     if folder is None:
         return None
     try:
-        load_model(model, str(folder / "model.safetensors"), device=str(next(model.parameters()).device))
+        _load_trainable(model, folder / WEIGHTS_FILE)
         optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
         if scheduler is not None:
             scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))

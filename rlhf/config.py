@@ -74,6 +74,21 @@ class TokenizerConfig:
 
 
 @dataclass
+class LoRAConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv 2106.09685) on every role a stage trains: the policy (sft, ppo,
+    grpo, raft, dpo), the reward model (its score head trained in full) and PPO's separate critic. The frozen roles
+    are then the same network with its adapters disabled: no second copy (rlhf/lora.py)."""
+
+    enabled: bool = False
+    r: int = 8  # rank of each weight update B A
+    alpha: float = 16.0  # the update is scaled by alpha / r
+    dropout: float = 0.0  # on the adapters' input; 0 as every other dropout here (Huang et al. 2024)
+    # comma-separated names of the linear layers that get adapters, e.g. "c_attn,c_proj"; "auto": the architecture's
+    # attention and MLP projections (rlhf.lora.DEFAULT_TARGETS); "all-linear": every linear layer but the heads
+    target_modules: str = "auto"
+
+
+@dataclass
 class ModelConfig:
     name_or_path: str | None = "gpt2"  # Hub id or local folder (weights, or only config.json with init=random)
     init: str = "pretrained"  # "pretrained" | "random" (architecture from its config, random weights)
@@ -81,6 +96,7 @@ class ModelConfig:
     config_overrides: dict = field(default_factory=dict)  # fields set on the architecture config
     trust_remote_code: bool = False  # never on by default: remote code runs with your privileges
     gradient_checkpointing: bool = False  # trade compute for activation memory
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 
 @dataclass
@@ -449,7 +465,20 @@ def validate(cfg: Config) -> None:
             raise UserError(f"{section}.pairs={source!r} is not a pair source; use one of {', '.join(PAIR_SOURCES)}")
     if cfg.collect.annotator not in ANNOTATORS:
         raise UserError(f"collect.annotator={cfg.collect.annotator!r} is unknown; use one of {', '.join(ANNOTATORS)}")
+    check_lora_config(cfg.model.lora)
     cfg.judge.validate()
+
+
+def check_lora_config(lora: LoRAConfig) -> None:
+    """The LoRA settings that need no model; target module names are checked against the model when it is built."""
+    if lora.r < 1:
+        raise UserError(f"model.lora.r={lora.r} must be at least 1; set the adapter rank, e.g. model.lora.r=8")
+    if lora.alpha <= 0:
+        raise UserError(f"model.lora.alpha={lora.alpha} must be > 0; e.g. model.lora.alpha={2 * lora.r}")
+    if not 0 <= lora.dropout < 1:
+        raise UserError(f"model.lora.dropout={lora.dropout} must lie in [0, 1)")
+    if not [name for name in lora.target_modules.split(",") if name.strip()]:
+        raise UserError("model.lora.target_modules is empty; give layer names (e.g. c_attn,c_proj), auto or all-linear")
 
 
 def set_key(cfg: Config, dotted: str, raw: Any) -> None:

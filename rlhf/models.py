@@ -268,6 +268,14 @@ class MeanPoolRewardModel(nn.Module):
         save_file({k: v.contiguous() for k, v in self.head.state_dict().items()}, str(Path(path) / MEAN_POOL_HEAD_FILE))
 
 
+def inner_model(model: nn.Module) -> nn.Module:
+    """The transformers model (or MeanPoolRewardModel) inside a peft LoRA wrapper, its layers still carrying
+    the adapters, so its parts (`score`, `base_model`, ...) are reached as without LoRA; `model` otherwise."""
+    from peft import PeftModel
+
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
 class _RewardOutput:
     def __init__(self, logits: torch.Tensor):
         self.logits = logits
@@ -423,12 +431,12 @@ class SharedPromptPairRewards(nn.Module):
     def __init__(self, reward_model: nn.Module, token_head: bool = False):
         super().__init__()
         self.reward_model = reward_model
-        self.mean_pooled = isinstance(reward_model, MeanPoolRewardModel)
+        self.mean_pooled = isinstance(inner_model(reward_model), MeanPoolRewardModel)
         _check_4d_mask_support(reward_model.config)  # fail at start-up, not at the first batch
         self.token_head = nn.Linear(reward_model.config.hidden_size, 1) if token_head else None
 
     def forward(self, batch: dict[str, torch.Tensor]) -> PairRewards:
-        model = self.reward_model
+        model = inner_model(self.reward_model)
         backbone, head = (model.backbone, model.head) if self.mean_pooled else (model.base_model, model.score)
         attention_mask = _shared_prompt_attention_mask(model.config, batch["attention_mask"], backbone.dtype)
         hidden = backbone(
@@ -458,6 +466,7 @@ def fold_reward_offset(model: nn.Module, offset: float) -> float:
     final LayerNorm, whose bias beta enters linearly: w . (g * x_hat + beta - delta) shifts the
     score by -w . delta, and delta = offset * w / |w|^2 removes exactly `offset`.
     """
+    model = inner_model(model)
     head = model.head[-1] if isinstance(model, MeanPoolRewardModel) else model.score
     with torch.no_grad():
         if head.bias is not None:
@@ -492,7 +501,9 @@ class ValueModel(nn.Module):
 def value_model_from_reward(reward_model: nn.Module) -> ValueModel:
     """A critic initialised from a trained reward model, backbone and head, its head now read at
     every position rather than only the last (Huang et al. 2024: the value network is initialised
-    from the reward model). Pass a copy: the critic trains, the reward model must stay frozen."""
+    from the reward model). Pass a copy: the critic trains, the reward model must stay frozen; or a
+    LoRA reward model, whose adapters and head copy train while its base stays the frozen reward model."""
+    reward_model = inner_model(reward_model)
     if isinstance(reward_model, MeanPoolRewardModel):
         return ValueModel(reward_model.backbone, reward_model.head)
     return ValueModel(reward_model.base_model, reward_model.score)

@@ -633,9 +633,12 @@ def loop_costs(
 
 
 def weights_digest(model: torch.nn.Module) -> str:
-    """sha256 of every parameter and buffer, to prove a frozen role was not changed."""
+    """sha256 of every frozen parameter and buffer, to prove a frozen role was not changed. Trainable ones are left
+    out: a LoRA model seen with its adapters disabled (rlhf.lora) is a frozen role whose adapters train."""
     digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(model.state_dict(keep_vars=True).items()):
+        if tensor.requires_grad:
+            continue
         digest.update(name.encode())
         digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:16]

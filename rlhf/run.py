@@ -5,6 +5,7 @@
       data/                   train/val/test.jsonl, stats.json, lengths.png, tokenizer/
       sft/  reward/  ...      one folder per stage:
         model/                final artifact in Hugging Face format (safetensors + tokenizer)
+        adapter/              with model.lora.enabled: the LoRA adapters alone (model/ holds them merged)
         checkpoint/           resumable training state (deleted when the stage completes)
         config.yaml           the resolved config the stage ran with
         metrics.jsonl         every logged metric, keys stage/group/name

@@ -340,7 +340,7 @@ def test_align_values_reads_the_state_before_each_token():
 
 
 def test_value_model_from_reward_starts_at_the_reward_on_the_last_token():
-    reward_model = GPT2ForSequenceClassification(tiny_gpt2(num_labels=1)).eval()
+    reward_model = GPT2ForSequenceClassification(tiny_gpt2(num_labels=1)).eval().requires_grad_(False)
     critic = value_model_from_reward(
         GPT2ForSequenceClassification(tiny_gpt2(num_labels=1)).eval()
     )  # same seed: same weights
@@ -465,7 +465,7 @@ def test_loop_costs_by_hand():
 
 
 def test_frozen_digests_skip_roles_not_loaded_and_a_changed_role_fails():
-    reward = torch.nn.Linear(2, 1)
+    reward = torch.nn.Linear(2, 1).requires_grad_(False)  # frozen, as `frozen()` leaves every role
     roles = {"reward": reward, "reference": None}
     before = frozen_digests(roles)
     assert before == {"reward": weights_digest(reward)}
