@@ -16,8 +16,14 @@ Needs a run folder whose data, sft and reward stages completed with the same pre
 2. Best-of-N from the SFT policy on the same held-out prompts, seed and sampling settings (PPO's):
    N samples per prompt, the one the reward model ranks highest is kept, for each n of `--best-of-n`;
    its KL is the analytic log n - (n - 1)/n.
-3. One figure, `<run>/overopt/overoptimization.png` (gold score and proxy score against sqrt(KL),
-   one line per method and reward, best-of-N included), and every point in
+3. The KL-regularised optimum on the same samples (`rlhf.overoptimization.kl_optimum_points`): pi* =
+   pi_SFT exp(r / beta) / Z, the policy every RL method here aims at, reweighting the samples, for
+   r = the reward model and, on the embedded task, r = gold, at each KL budget of `--optimum-kls`.
+   It is the ceiling a reward sets, whatever the optimiser: RL curves below their reward's optimum
+   lose to optimisation, an optimum below gold's loses to the reward. `--methods none` draws only
+   best-of-N and the optima (a few minutes: no RL runs), e.g. to compare reward models.
+4. One figure, `<run>/overopt/overoptimization.png` (gold score and proxy score against sqrt(KL),
+   one line per method and reward, best-of-N and the optima included), and every point in
    `<run>/overopt/overoptimization.json`.
 
 Re-running reuses every variant that completed for the same settings (each stage skips itself) and
@@ -44,7 +50,7 @@ from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 from rlhf.models import load_policy, load_reward_model, load_tokenizer
-from rlhf.overoptimization import best_of_n_points, eval_every_for, eval_points
+from rlhf.overoptimization import best_of_n_points, eval_every_for, eval_points, kl_optimum_points
 from rlhf.plots import plot_overoptimization
 from rlhf.rewards import MODEL, load_reward_function
 from rlhf.rl import check_grpo_config, check_ppo_config, frozen, load_rl_prompts, sample_for_eval, set_cpu_threads
@@ -55,6 +61,7 @@ from rlhf.training import make_accelerator
 GOLD_REWARD = "rlhf.task:gold_rewards"  # the embedded task's gold judge as a reward function
 REWARD_SPECS = {"rm": MODEL, "gold": GOLD_REWARD}
 METHOD_LABELS = {"ppo": "PPO", "grpo": "GRPO"}
+NO_METHODS = "none"  # --methods none: best-of-N and the KL-regularised optima only
 REWARD_LABELS = {"rm": "reward model", "gold": "gold judge"}
 CHECKS = {"ppo": check_ppo_config, "grpo": check_grpo_config}
 LINKED_STAGES = ("data", "sft", "reward")
@@ -88,7 +95,7 @@ def parse_args(argv: list[str] | None):
         "--output-dir", help="the run folder with completed data, sft and reward stages (default: outputs/<preset>)"
     )
     parser.add_argument("--force", action="store_true", help="re-run every variant and best-of-N even if complete")
-    parser.add_argument("--methods", default="ppo,grpo", help="RL methods to train (default: ppo,grpo)")
+    parser.add_argument("--methods", default="ppo,grpo", help="RL methods to train, or none (default: ppo,grpo)")
     parser.add_argument(
         "--rewards",
         default=None,
@@ -115,6 +122,11 @@ def parse_args(argv: list[str] | None):
         "--best-of-n", default="1,2,4,8,16", help="n values for best-of-n from SFT (default: 1,2,4,8,16)"
     )
     parser.add_argument(
+        "--optimum-kls",
+        default="0.05,0.1,0.2,0.4,0.8,1.2",
+        help="KL budgets (nats) of the KL-regularised optimum over the best-of-N samples (default: 0.05,...,1.2)",
+    )
+    parser.add_argument(
         "overrides", nargs="*", metavar="section.key=value", help="config overrides, as for every stage"
     )
     return parser.parse_args(argv)
@@ -129,10 +141,10 @@ def base_args(args) -> list[str]:
 def plan_variants(args, cfg, is_embedded: bool) -> list[Variant]:
     """One variant per method x reward x KL coefficient, with the overrides its stage runs with.
     Flag mistakes are one-line errors before anything runs."""
-    methods, coefs = csv(args.methods), csv(args.kl_coefs)
+    methods, coefs = ([] if args.methods == NO_METHODS else csv(args.methods)), csv(args.kl_coefs)
     rewards = csv(args.rewards) if args.rewards is not None else (["rm", "gold"] if is_embedded else ["rm"])
-    if not methods or set(methods) - set(METHOD_LABELS):
-        raise UserError(f"--methods {args.methods!r}: choose from {', '.join(METHOD_LABELS)}")
+    if (not methods and args.methods != NO_METHODS) or set(methods) - set(METHOD_LABELS):
+        raise UserError(f"--methods {args.methods!r}: choose from {', '.join(METHOD_LABELS)}, or {NO_METHODS}")
     if not rewards or set(rewards) - set(REWARD_SPECS):
         raise UserError(
             f"--rewards {args.rewards!r}: choose from rm (the reward model), gold (the embedded task's gold judge)"
@@ -187,14 +199,18 @@ def link_inputs(main_run: Path, sub_run: Path) -> None:
             link.symlink_to(target, target_is_directory=True)
 
 
-def best_of_n(cfg, run, ns: list[int], n_prompts: int, is_embedded: bool, cache: Path, force: bool) -> list[dict]:
-    """Best-of-n points from the SFT policy on the RL evaluations' held-out prompts, seed and
-    sampling settings (PPO's). The samples are scored once for the largest n; the points are
-    cached in `cache` with everything they depend on, so a re-run only re-plots."""
+def sampled_curves(
+    cfg, run, ns: list[int], kls: list[float], n_prompts: int, is_embedded: bool, cache: Path, force: bool
+) -> dict[str, list[dict]]:
+    """Best-of-n points, and the KL-regularised optimum for the reward model (and gold) at each KL of
+    `kls`, from one set of SFT samples on the RL evaluations' held-out prompts, seed and sampling
+    settings (PPO's): max(ns) samples per prompt, scored once. The points are cached in `cache` with
+    everything they depend on, so a re-run only re-plots. -> {"best_of_n", "optimum_rm", "optimum_gold"}."""
     sampling = SamplingConfig(cfg.ppo.max_new_tokens, cfg.ppo.temperature, cfg.ppo.top_p, cfg.ppo.top_k)
     key = {
         "reward_fingerprint": run.fingerprint("reward", cfg),
         "ns": ns,
+        "optimum_kls": kls,
         "eval_prompts": n_prompts,
         "seed": cfg.run.seed,
         "sampling": asdict(sampling),
@@ -226,7 +242,11 @@ def best_of_n(cfg, run, ns: list[int], n_prompts: int, is_embedded: bool, cache:
         gold = torch.tensor(load_reward_function(GOLD_REWARD, "overopt")(repeated_texts, samples["responses"])).view(
             -1, N
         )  # (P, N)
-    points = best_of_n_points(proxy, gold, ns)
+    points = {
+        "best_of_n": best_of_n_points(proxy, gold, ns),
+        "optimum_rm": kl_optimum_points(proxy, proxy, gold, kls),
+        "optimum_gold": [] if gold is None else kl_optimum_points(gold, proxy, gold, kls),
+    }
     write_json_atomic(cache, {"key": key, "points": points})
     print(f"[overopt] best-of-n done in {time.perf_counter() - started:.0f}s")
     return points
@@ -247,6 +267,12 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError(f"--best-of-n {args.best_of_n!r} must be comma-separated integers, e.g. 1,2,4,8,16") from None
     if not ns or ns[0] < 1:
         raise UserError(f"--best-of-n {args.best_of_n!r} must list integers >= 1")
+    try:
+        kls = sorted({float(k) for k in csv(args.optimum_kls)})
+    except ValueError:
+        raise UserError(f"--optimum-kls {args.optimum_kls!r} must be comma-separated numbers, e.g. 0.1,0.4") from None
+    if any(k <= 0 for k in kls):
+        raise UserError(f"--optimum-kls {args.optimum_kls!r} must list KL budgets > 0 (nats)")
     n_prompts = args.eval_prompts or cfg.ppo.eval_prompts
     variants = plan_variants(args, cfg, is_embedded)
     out_dir = run.root / "overopt"
@@ -279,8 +305,8 @@ def main(argv: list[str] | None = None) -> None:
             f"[overopt] ({k}/{len(variants)}) {variant.name} done in {time.perf_counter() - started:.0f}s", flush=True
         )
 
-    # 3. Best-of-n from the SFT policy, ranked by the reward model.
-    bon = best_of_n(cfg, run, ns, n_prompts, is_embedded, out_dir / "best_of_n.json", args.force)
+    # 3. Best-of-n from the SFT policy, ranked by the reward model, and the KL-regularised optima.
+    sampled = sampled_curves(cfg, run, ns, kls, n_prompts, is_embedded, out_dir / "best_of_n.json", args.force)
 
     # 4. Every point in one JSON, one figure.
     curves = []
@@ -303,12 +329,30 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     curves.append(
-        {"label": "best-of-N (RM picks)", "method": "best_of_n", "reward": "rm", "reward_spec": MODEL, "points": bon}
+        {
+            "label": "best-of-N (RM picks)",
+            "method": "best_of_n",
+            "reward": "rm",
+            "reward_spec": MODEL,
+            "points": sampled["best_of_n"],
+        }
     )
+    for reward, spec in (("rm", MODEL), ("gold", GOLD_REWARD)):
+        if sampled[f"optimum_{reward}"]:
+            curves.append(
+                {
+                    "label": f"KL-regularised optimum vs {'RM' if reward == 'rm' else 'gold'}",
+                    "method": "optimum",
+                    "reward": reward,
+                    "reward_spec": spec,
+                    "points": sampled[f"optimum_{reward}"],
+                }
+            )
     settings = {
         "eval_prompts": n_prompts,
         "seed": cfg.run.seed,
         "best_of_n": ns,
+        "optimum": f"pi_SFT exp(r / beta) / Z over the {max(ns)} best-of-N samples per prompt, at each KL of {kls}",
         "x": "sqrt_kl = sqrt(max(KL to SFT, 0)), nats^0.5",
         "proxy": "mean reward-model score (no EOS penalty)",
         "gold": "mean gold score (embedded task)" if is_embedded else None,
@@ -317,10 +361,11 @@ def main(argv: list[str] | None = None) -> None:
     plot_overoptimization(curves, out_dir / "overoptimization.png")
     for curve in curves:
         print(
-            f"[overopt] {curve['label']:<24} "
+            f"[overopt] {curve['label']:<34} "
             + "  ".join(
                 f"d={p['sqrt_kl']:.2f}: RM {p['proxy_score']:+.2f}"
                 + (f" gold {p['gold_score']:.2f}" if p["gold_score"] is not None else "")
+                + (f" win {p['gold_win_rate_vs_sft']:.2f}" if p.get("gold_win_rate_vs_sft") is not None else "")
                 for p in curve["points"]
             )
         )

@@ -298,8 +298,9 @@ def plot_overoptimization(curves: list[dict], path: Path) -> bool:
     (right) against sqrt(KL to the initial policy), one line per curve.
 
     curves: [{"label", "method", "reward", "points": [{"sqrt_kl", "proxy_score", "gold_score" (None off the
-    embedded task)}]}]. A method keeps one colour (best-of-N black); a policy trained on the gold
-    reward is dashed. False (and nothing written) when no curve has a point.
+    embedded task)}]}]. A method keeps one colour (best-of-N black, the KL-regularised optima grey); a
+    policy trained on the gold reward, or the optimum for gold, is dashed. False (and nothing written)
+    when no curve has a point.
     """
     curves = [c for c in curves if c["points"]]
     if not curves:
@@ -307,7 +308,7 @@ def plot_overoptimization(curves: list[dict], path: Path) -> bool:
     panels = [("proxy_score", "proxy score (reward model, mean)")]
     if any(p.get("gold_score") is not None for c in curves for p in c["points"]):
         panels.insert(0, ("gold_score", "gold score (mean)"))
-    colours = {"best_of_n": "k"}
+    colours = {"best_of_n": "k", "optimum": "0.55"}
     fig, axes = plt.subplots(1, len(panels), figsize=(5.8 * len(panels), 4.4), squeeze=False)
     for ax, (key, ylabel) in zip(axes[0], panels):
         for curve in curves:

@@ -1,6 +1,7 @@
 """The over-optimisation study (Gao et al. 2022): its math by hand (rlhf/overoptimization.py), its
 figure, and the command end to end (part4_eval/overoptimization.py) on the tiny test run."""
 
+import itertools
 import json
 import math
 import shutil
@@ -9,7 +10,16 @@ import pytest
 import torch
 from conftest import TINY_TEST_OVERRIDES, run_script
 
-from rlhf.overoptimization import best_of_n_points, eval_every_for, eval_points, sqrt_kl
+from rlhf.overoptimization import (
+    best_of_n_points,
+    eval_every_for,
+    eval_points,
+    kl_optimum_points,
+    sqrt_kl,
+    tilted_kl,
+    tilted_weights,
+    tilted_win_rate,
+)
 from rlhf.plots import plot_overoptimization
 
 
@@ -112,6 +122,7 @@ def test_plan_variants_one_run_per_method_reward_and_kl_coef():
 
     variants = plan()
     assert [v.name for v in variants] == ["ppo_rm", "ppo_gold", "grpo_rm", "grpo_gold"]
+    assert plan("--methods", "none") == []  # best-of-N and the KL-regularised optima only
     ppo_gold = variants[1]
     assert (ppo_gold.iterations, ppo_gold.eval_every) == (16, 4)  # 4 checkpoints after the start: 4, 8, 12, 16
     assert ppo_gold.overrides == [
@@ -203,7 +214,15 @@ def test_overoptimization_command_end_to_end(tiny_run, tmp_path):
     assert "(4/4) grpo_gold done" in result.stdout
     report = json.loads((run / "overopt" / "overoptimization.json").read_text())
     curves = {curve["label"]: curve for curve in report["curves"]}
-    assert list(curves) == ["PPO vs RM", "PPO vs gold", "GRPO vs RM", "GRPO vs gold", "best-of-N (RM picks)"]
+    assert list(curves) == [
+        "PPO vs RM",
+        "PPO vs gold",
+        "GRPO vs RM",
+        "GRPO vs gold",
+        "best-of-N (RM picks)",
+        "KL-regularised optimum vs RM",
+        "KL-regularised optimum vs gold",
+    ]
     for label in ("PPO vs RM", "PPO vs gold", "GRPO vs RM", "GRPO vs gold"):
         points = curves[label]["points"]
         # 2 iterations, an evaluation every 1: before training, after 1, and the final one
@@ -220,6 +239,12 @@ def test_overoptimization_command_end_to_end(tiny_run, tmp_path):
     assert (
         bon[0]["proxy_score"] <= bon[1]["proxy_score"] <= bon[2]["proxy_score"]
     )  # the RM picks: its score can only rise
+    for reward in ("RM", "gold"):  # pi* at each reachable budget (<= log 4 with 4 samples), tilted by its reward
+        optimum = curves[f"KL-regularised optimum vs {reward}"]["points"]
+        assert optimum and all(round(p["kl"], 6) in (0.05, 0.1, 0.2, 0.4, 0.8, 1.2) for p in optimum)
+        key = "proxy_score" if reward == "RM" else "gold_score"
+        assert all(a[key] <= b[key] + 1e-9 for a, b in itertools.pairwise(optimum)), optimum  # its own reward rises
+        assert all(0 <= p["gold_win_rate_vs_sft"] <= 1 for p in optimum)
     assert (run / "overopt" / "overoptimization.png").stat().st_size > 10_000
     assert (run / "overopt" / "ppo_rm" / "sft").is_symlink() and not (
         run / "overopt" / "ppo_rm" / "sft" / "checkpoint"
@@ -235,3 +260,33 @@ def test_overoptimization_flag_mistakes_are_one_line_errors(tmp_path):
     result = run_script("part4_eval/overoptimization.py", tmp_path, "--rewards", "gold", check=False)
     assert result.returncode == 2 and "stage 'data' has not completed" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_tilted_weights_kl_and_win_rate_by_hand():
+    # one prompt, two samples, r = (0, log 3), beta 1: pi* puts 1/4 and 3/4 on them
+    weights = tilted_weights(torch.tensor([[0.0, math.log(3)]], dtype=torch.float64), 1.0)
+    close(weights[0, 0].item(), 0.25), close(weights[0, 1].item(), 0.75)
+    # KL = 1/4 log(2/4) + 3/4 log(6/4)
+    close(tilted_kl(weights), 0.25 * math.log(0.5) + 0.75 * math.log(1.5))
+    # gold (0, 1): sample 0 beats pi_ref's samples 0 / 1 with 1/2 / 0, sample 1 with 1 / 1/2
+    close(tilted_win_rate(weights, torch.tensor([[0.0, 1.0]])), 0.25 * (0.5 + 0) / 2 + 0.75 * (1 + 0.5) / 2)
+    uniform = torch.full((3, 4), 0.25, dtype=torch.float64)
+    close(tilted_kl(uniform), 0.0), close(tilted_win_rate(uniform, torch.randn(3, 4)), 0.5)
+    one_hot = torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    close(tilted_kl(one_hot), math.log(4))
+
+
+def test_kl_optimum_points_hit_each_budget_and_skip_unreachable_ones():
+    scores = torch.tensor([[0.0, 1.0, 2.0, 3.0], [1.0, 0.5, 0.0, 0.2]])
+    gold = torch.tensor([[0.0, 0.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    proxy = scores * 2
+    points = kl_optimum_points(scores, proxy, gold, [0.1, 0.5, 1.0, math.log(4)])
+    assert [round(p["kl"], 6) for p in points] == [0.1, 0.5, 1.0]  # log 4 needs beta -> 0: left out
+    for point in points:  # each point is pi* at its beta, recomputed here from the definition
+        weights = torch.softmax(scores.double() / point["beta"], dim=1)
+        close(point["proxy_score"], (weights * proxy).sum(1).mean().item())
+        close(point["gold_score"], (weights * gold).sum(1).mean().item())
+        close(point["sqrt_kl"], math.sqrt(point["kl"]))
+    assert points[0]["beta"] > points[1]["beta"] > points[2]["beta"]  # more KL, smaller beta
+    assert points[0]["proxy_score"] < points[1]["proxy_score"] < points[2]["proxy_score"]
+    assert kl_optimum_points(scores, proxy, None, [0.5])[0]["gold_win_rate_vs_sft"] is None
