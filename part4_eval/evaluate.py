@@ -29,7 +29,7 @@ from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
 from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
 from rlhf.rewards import text_scorer
-from rlhf.rl import sample_for_eval
+from rlhf.rl import EVAL_STREAM, sample_for_eval
 from rlhf.rollout import SamplingConfig
 from rlhf.run import write_json_atomic
 from rlhf.training import make_accelerator
@@ -37,6 +37,9 @@ from rlhf.winrates import agreement, agreement_by_group, length_controlled_win_r
 
 POLICY_STAGES = ("ppo", "grpo", "raft", "dpo")
 SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites; the embedded task has its own
+# Best-of-N's samples get seeds of their own: on the eval stream, row 0 (prompt 0's first sample) would share
+# its seed, and so its response, with SFT's answer to prompt 0.
+BEST_OF_N_STREAM = EVAL_STREAM - 1
 
 
 class Answers:
@@ -90,7 +93,15 @@ class Answers:
 
 
 def answer(
-    model, ref_model, reward_model, tokenizer, prompts: list[str], cfg, accelerator, with_kl: bool = True
+    model,
+    ref_model,
+    reward_model,
+    tokenizer,
+    prompts: list[str],
+    cfg,
+    accelerator,
+    with_kl: bool = True,
+    stream: int = EVAL_STREAM,
 ) -> tuple[Answers, list[list[int]]]:
     """The shared decoding: every model samples with the same settings, prompt i from its own seed, on whichever
     process it is sharded to (`sample_for_eval`), so every process count draws the same responses."""
@@ -105,6 +116,7 @@ def answer(
         reward_model,
         accelerator,
         reference=ref_model if with_kl else None,
+        stream=stream,
     )
     answers = Answers(
         prompts,
@@ -201,7 +213,15 @@ def main(argv: list[str] | None = None) -> None:
         bon_prompts = prompts[: cfg.eval.best_of_n_prompts]
         repeated = [p for p in bon_prompts for _ in range(n_best)]
         bon_all, bon_ids = answer(
-            ref_model, ref_model, reward_model, tokenizer, repeated, cfg, accelerator, with_kl=False
+            ref_model,
+            ref_model,
+            reward_model,
+            tokenizer,
+            repeated,
+            cfg,
+            accelerator,
+            with_kl=False,
+            stream=BEST_OF_N_STREAM,
         )
         scores = torch.tensor(bon_all.rewards).view(len(bon_prompts), n_best)  # (P, N)
         curve = []

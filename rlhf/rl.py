@@ -666,10 +666,11 @@ def sample_for_eval(
     reward_model,
     accelerator,
     reference=None,
+    stream: int = EVAL_STREAM,
 ) -> dict[str, list]:
     """Sample one response per prompt and score it with the reward model; with `reference`, also the
     sequence KL of each response to it. The prompts are sharded over processes and gathered; prompt i
-    samples from its own seed (`sampling_seeds(seed, EVAL_STREAM, ...)`), so two policies see the same
+    samples from its own seed (`sampling_seeds(seed, stream, ...)`), so two policies see the same
     random numbers and the results do not depend on the number of processes.
     -> per-prompt lists: responses, response_ids (EOS included), rewards, lengths, finished, kl."""
     policy.eval()
@@ -698,7 +699,7 @@ def sample_for_eval(
             )
         ]
 
-    seeds = sampling_seeds(seed, EVAL_STREAM, range(len(prompt_ids)))
+    seeds = sampling_seeds(seed, stream, range(len(prompt_ids)))
     items = forward_map(one_batch, list(zip(seeds, prompt_ids)), batch_size, accelerator)
     return {
         "responses": [i["response"] for i in items],
