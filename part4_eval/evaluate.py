@@ -1,11 +1,15 @@
 """Stage `eval`: every policy of the run answers the same held-out prompts, measured the same way.
 
     python part4_eval/evaluate.py --preset tiny
+    accelerate launch --num_processes 8 part4_eval/evaluate.py --preset tiny    # or torchrun
 
 Reads the run's data, SFT policy (also the KL reference), reward model, and whichever of the
 PPO, GRPO, RAFT and DPO policies completed; writes `<run>/eval/`: one JSONL of responses per model,
 best-of-N from SFT, pairwise win rates from every available judge, the failure suites, and
-`eval.*` in summary.json. Every model is sampled with the same decoding settings and seed.
+`eval.*` in summary.json. Every model is sampled with the same decoding settings, prompt i from its
+own seed (`rlhf.rollout.sampling_seeds`). On W processes each samples and scores its shard of the
+prompts and all get them back in prompt order, so W processes draw what one does; the main process
+alone then judges and writes.
 """
 
 from __future__ import annotations
@@ -21,17 +25,21 @@ from rlhf.batching import encode_texts
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import heldout_references, write_jsonl
 from rlhf.errors import UserError
-from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, sequence_kl, win_rate_pairings
+from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
 from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
 from rlhf.rewards import text_scorer
-from rlhf.rollout import Rollout, SamplingConfig, generate_rollout, rollout_logprobs, score_rollout
+from rlhf.rl import EVAL_STREAM, sample_for_eval
+from rlhf.rollout import SamplingConfig
 from rlhf.run import write_json_atomic
 from rlhf.training import make_accelerator
 from rlhf.winrates import agreement, agreement_by_group, length_controlled_win_rate
 
 POLICY_STAGES = ("ppo", "grpo", "raft", "dpo")
 SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites; the embedded task has its own
+# Best-of-N's samples get seeds of their own: on the eval stream, row 0 (prompt 0's first sample) would share
+# its seed, and so its response, with SFT's answer to prompt 0.
+BEST_OF_N_STREAM = EVAL_STREAM - 1
 
 
 class Answers:
@@ -84,33 +92,41 @@ class Answers:
         return result
 
 
-def sample(model, tokenizer, prompt_ids: list[list[int]], cfg, device) -> Rollout:
-    """The shared decoding: same settings and the same seed for every model."""
-    torch.manual_seed(cfg.eval.seed)
-    sampling = SamplingConfig(cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p)
-    return generate_rollout(model.to(device), tokenizer, prompt_ids, sampling, batch_size=cfg.eval.batch_size)
-
-
 def answer(
-    model, ref_model, reward_model, tokenizer, prompts: list[str], cfg, device, with_kl: bool = True
+    model,
+    ref_model,
+    reward_model,
+    tokenizer,
+    prompts: list[str],
+    cfg,
+    accelerator,
+    with_kl: bool = True,
+    stream: int = EVAL_STREAM,
 ) -> tuple[Answers, list[list[int]]]:
-    rollout = sample(model, tokenizer, encode_texts(tokenizer, prompts), cfg, device)
-    rewards = score_rollout(reward_model, rollout, cfg.eval.batch_size)
-    kls = None
-    if with_kl:
-        policy_logprobs = rollout_logprobs(model, rollout, cfg.eval.temperature, cfg.eval.batch_size)
-        ref_logprobs = rollout_logprobs(ref_model, rollout, cfg.eval.temperature, cfg.eval.batch_size)
-        kls = sequence_kl(policy_logprobs, ref_logprobs, rollout.response_mask).tolist()
-    token_ids = rollout.response_ids()
+    """The shared decoding: every model samples with the same settings, prompt i from its own seed, on whichever
+    process it is sharded to (`sample_for_eval`), so every process count draws the same responses."""
+    sampling = SamplingConfig(cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p)
+    samples = sample_for_eval(
+        model,
+        tokenizer,
+        encode_texts(tokenizer, prompts),
+        sampling,
+        cfg.eval.seed,
+        cfg.eval.batch_size,
+        reward_model,
+        accelerator,
+        reference=ref_model if with_kl else None,
+        stream=stream,
+    )
     answers = Answers(
         prompts,
-        rollout.texts(tokenizer),
-        rollout.response_lengths.tolist(),
-        rollout.finished.tolist(),
-        rewards.tolist(),
-        kls,
+        samples["responses"],
+        samples["lengths"],
+        samples["finished"],
+        samples["rewards"],
+        samples["kl"] if with_kl else None,
     )
-    return answers, token_ids
+    return answers, samples["response_ids"]
 
 
 def build_judges(cfg, run, is_embedded: bool, scorer) -> tuple[dict, dict]:
@@ -151,8 +167,6 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. Models: SFT (also the KL reference), every completed policy stage, and the base model if pretrained.
     accelerator = make_accelerator(cfg)
-    if accelerator.num_processes > 1:
-        raise UserError("the eval stage runs in one process; run it without a multi-process launcher")
     device = accelerator.device
     tokenizer = load_tokenizer(run.model_dir("sft"))
     ref_model = load_policy(run.model_dir("sft")).to(device).eval()
@@ -160,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     policies = {stage: run.model_dir(stage) for stage in POLICY_STAGES if run.is_complete(stage, cfg)}
     for stage in POLICY_STAGES:
         if stage not in policies:
-            print(f"[eval] {stage}: no completed policy in this run; left out")
+            accelerator.print(f"[eval] {stage}: no completed policy in this run; left out")
 
     # 2. Held-out prompts (test split), with the dataset's response as one more contestant: the test pairs'
     #    chosen one, or with eval.baseline=reference the reference response (data.sft_path's demonstrations).
@@ -169,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     chosen_by_prompt = heldout_references(run.stage("data"), separate)
     prompts = list(chosen_by_prompt)[: cfg.eval.num_prompts]
 
-    # 3. Every model answers with the same decoding and seed; RM score, KL to SFT, length, EOS, diversity.
+    # 3. Every model answers with the same decoding and per-prompt seeds; RM score, KL to SFT, length, EOS,
+    #    diversity. Every process samples and scores its shard of the prompts and gets all of them back in order.
     answers: dict[str, Answers] = {}
     metrics: dict[str, dict] = {}
     with accelerator.autocast():
@@ -178,17 +193,16 @@ def main(argv: list[str] | None = None) -> None:
             try:
                 models["base"] = build_policy(cfg.model, tokenizer).to(device).eval()
             except UserError as exc:
-                print(f"[eval] base model left out: {exc}")
+                accelerator.print(f"[eval] base model left out: {exc}")
         for name, model in models.items():
             started_at = time.perf_counter()
             answers[name], token_ids = answer(
-                model, ref_model, reward_model, tokenizer, prompts, cfg, device, with_kl=name != "sft"
+                model, ref_model, reward_model, tokenizer, prompts, cfg, accelerator, with_kl=name != "sft"
             )
             if name == "sft":
                 answers[name].kls = [0.0] * len(prompts)  # pi = pi_ref: the estimate is exactly zero
             metrics[name] = answers[name].metrics(token_ids, is_embedded)
-            write_jsonl(out_dir / "responses" / f"{name}.jsonl", answers[name].rows(is_embedded))
-            print(
+            accelerator.print(
                 f"[eval] {name}: reward {metrics[name]['reward_mean']:+.3f}  KL {metrics[name]['kl_to_ref']:.2f}"
                 + (f"  gold {metrics[name]['gold_score_mean']:.3f}" if is_embedded else "")
                 + f"  ({time.perf_counter() - started_at:.0f}s)"
@@ -198,7 +212,17 @@ def main(argv: list[str] | None = None) -> None:
         n_best = cfg.eval.best_of_n
         bon_prompts = prompts[: cfg.eval.best_of_n_prompts]
         repeated = [p for p in bon_prompts for _ in range(n_best)]
-        bon_all, bon_ids = answer(ref_model, ref_model, reward_model, tokenizer, repeated, cfg, device, with_kl=False)
+        bon_all, bon_ids = answer(
+            ref_model,
+            ref_model,
+            reward_model,
+            tokenizer,
+            repeated,
+            cfg,
+            accelerator,
+            with_kl=False,
+            stream=BEST_OF_N_STREAM,
+        )
         scores = torch.tensor(bon_all.rewards).view(len(bon_prompts), n_best)  # (P, N)
         curve = []
         for n in sorted({2**k for k in range(n_best.bit_length()) if 2**k <= n_best} | {n_best}):
@@ -221,9 +245,54 @@ def main(argv: list[str] | None = None) -> None:
         metrics[best] = answers[best].metrics(
             [bon_ids[i] for i in picks], is_embedded, kl_override=best_of_n_kl(n_best)
         )
-        write_jsonl(out_dir / "responses" / f"{best}.jsonl", answers[best].rows(is_embedded))
 
-    # 5. Pairwise judges, by eval.baseline: each policy vs SFT, each pair of policies and each model vs the
+    # 5. Failure and capability suites: every model answers each one.
+    suites: dict[str, dict] = {}
+    suite_rows: dict[str, list[dict]] = {}
+    if cfg.eval.suites:
+        suite_prompts = (
+            {name: task.suite_prompts(name) for name in task.SUITES}
+            if is_embedded
+            else json.loads(SUITES_FILE.read_text())
+        )
+        with accelerator.autocast():
+            for suite, suite_list in suite_prompts.items():
+                suite_rows[suite] = []
+                suites[suite] = {}
+                for name, model in models.items():
+                    result, _ = answer(
+                        model, ref_model, reward_model, tokenizer, suite_list, cfg, accelerator, with_kl=False
+                    )
+                    rows = result.rows(is_embedded)
+                    suite_rows[suite] += [
+                        {
+                            "suite": suite,
+                            "model": name,
+                            **{
+                                k: row[k]
+                                for k in ("prompt", "response", "reward", *(("gold_score",) if is_embedded else ()))
+                            },
+                        }
+                        for row in rows
+                    ]
+                    entry = {"n": len(rows), "reward_mean": mean_std(result.rewards)[0]}
+                    if is_embedded:
+                        entry["gold_score_mean"] = mean_std([row["gold_score"] for row in rows])[0]
+                        entry["gold_good_rate"] = sum(
+                            task.is_good(p, t) for p, t in zip(result.prompts, result.texts)
+                        ) / len(rows)
+                    suites[suite][name] = entry
+
+    # 6. From here on the main process alone writes, judges and publishes.
+    if not accelerator.is_main_process:
+        return
+    for name, result in answers.items():
+        write_jsonl(out_dir / "responses" / f"{name}.jsonl", result.rows(is_embedded))
+    for suite, rows in suite_rows.items():
+        (out_dir / "suites").mkdir(exist_ok=True)
+        write_jsonl(out_dir / "suites" / f"{suite}.jsonl", rows)
+
+    # 7. Pairwise judges, by eval.baseline: each policy vs SFT, each pair of policies and each model vs the
     #    dataset's chosen response; or each model vs the reference response.
     known = {(p, t): r for a in answers.values() for p, t, r in zip(a.prompts, a.texts, a.rewards)}
     judges, skipped = build_judges(
@@ -282,45 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, why in skipped.items():
         print(f"[eval] judge {name} {why}")
 
-    # 6. Failure and capability suites: every model answers each one.
-    suites: dict[str, dict] = {}
-    if cfg.eval.suites:
-        suite_prompts = (
-            {name: task.suite_prompts(name) for name in task.SUITES}
-            if is_embedded
-            else json.loads(SUITES_FILE.read_text())
-        )
-        with accelerator.autocast():
-            for suite, suite_list in suite_prompts.items():
-                suite_rows = []
-                suites[suite] = {}
-                for name, model in models.items():
-                    result, _ = answer(
-                        model, ref_model, reward_model, tokenizer, suite_list, cfg, device, with_kl=False
-                    )
-                    rows = result.rows(is_embedded)
-                    suite_rows += [
-                        {
-                            "suite": suite,
-                            "model": name,
-                            **{
-                                k: row[k]
-                                for k in ("prompt", "response", "reward", *(("gold_score",) if is_embedded else ()))
-                            },
-                        }
-                        for row in rows
-                    ]
-                    entry = {"n": len(rows), "reward_mean": mean_std(result.rewards)[0]}
-                    if is_embedded:
-                        entry["gold_score_mean"] = mean_std([row["gold_score"] for row in rows])[0]
-                        entry["gold_good_rate"] = sum(
-                            task.is_good(p, t) for p, t in zip(result.prompts, result.texts)
-                        ) / len(rows)
-                    suites[suite][name] = entry
-                (out_dir / "suites").mkdir(exist_ok=True)
-                write_jsonl(out_dir / "suites" / f"{suite}.jsonl", suite_rows)
-
-    # 7. Publish.
+    # 8. Publish.
     write_json_atomic(out_dir / "win_rates.json", records)
     decoding = {
         "temperature": cfg.eval.temperature,

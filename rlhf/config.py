@@ -320,7 +320,7 @@ class EvalConfig:
     temperature: float = 0.7  # shared decoding settings: every model is sampled the same way
     top_p: float = 1.0
     max_new_tokens: int = 64
-    seed: int = 1234  # the sampling seed, reset before each model so all share one stream
+    seed: int = 1234  # prompt i samples from its own seed drawn from this (rlhf.rollout.sampling_seeds), in every model
     best_of_n: int = 16  # N for best-of-N from the SFT policy, ranked by the reward model
     best_of_n_prompts: int = 200  # prompts that get N samples each (a subset of num_prompts)
     judges: str = "gold,reward,openai"  # comma-separated; gold only on the embedded task; openai needs OPENAI_API_KEY

@@ -70,9 +70,10 @@ from rlhf.checkpoint import checkpoint_fingerprint, load_training_state, save_pr
 from rlhf.config import Config, GRPOConfig, PPOConfig, RAFTConfig, RLConfig, require_positive
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
+from rlhf.evaluation import sequence_kl
 from rlhf.losses import GRPO_NORMALIZERS
 from rlhf.models import context_length, stage_model_errors
-from rlhf.ops import entropy_from_logits, gather_logprobs, kl_k1, last_true_index, masked_sum, upcast
+from rlhf.ops import entropy_from_logits, gather_logprobs, kl_k1, last_true_index, upcast
 from rlhf.plots import plot_training_curves
 from rlhf.rewards import load_reward_source
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
@@ -580,11 +581,6 @@ def gold_metrics(prompts: list[str], responses: list[str]) -> dict[str, Tensor]:
     return {"gold/score_mean": gold.mean(), "gold/good_rate": (gold >= task.GOOD_SCORE - 1e-9).float().mean()}
 
 
-def sequence_kl(logprobs: Tensor, ref_logprobs: Tensor, response_mask: Tensor) -> Tensor:
-    """(B,) sum over response tokens of the k1 estimate log pi - log pi_ref (nats)."""
-    return masked_sum(kl_k1(logprobs, ref_logprobs), response_mask, dim=-1)
-
-
 def head_to_head(policy_scores: list[float], baseline_scores: list[float]) -> dict:
     """Per-prompt comparison by score: win when higher, tie when equal. win_rate = (wins + ties/2) / n
     with a 95% Wilson interval (rlhf.winrates.win_rate_summary)."""
@@ -670,12 +666,13 @@ def sample_for_eval(
     reward_model,
     accelerator,
     reference=None,
+    stream: int = EVAL_STREAM,
 ) -> dict[str, list]:
     """Sample one response per prompt and score it with the reward model; with `reference`, also the
     sequence KL of each response to it. The prompts are sharded over processes and gathered; prompt i
-    samples from its own seed (`sampling_seeds(seed, EVAL_STREAM, ...)`), so two policies see the same
+    samples from its own seed (`sampling_seeds(seed, stream, ...)`), so two policies see the same
     random numbers and the results do not depend on the number of processes.
-    -> per-prompt lists: responses, rewards, lengths, finished, kl."""
+    -> per-prompt lists: responses, response_ids (EOS included), rewards, lengths, finished, kl."""
     policy.eval()
 
     def one_batch(batch: list[tuple[int, list[int]]]) -> list[dict]:
@@ -691,9 +688,10 @@ def sample_for_eval(
                 rollout.response_mask,
             )
         return [
-            {"response": text, "reward": r, "length": n, "finished": f, "kl": k}
-            for text, r, n, f, k in zip(
+            {"response": text, "response_ids": ids, "reward": r, "length": n, "finished": f, "kl": k}
+            for text, ids, r, n, f, k in zip(
                 rollout.texts(tokenizer),
+                rollout.response_ids(),
                 rewards.tolist(),
                 rollout.response_lengths.tolist(),
                 rollout.finished.tolist(),
@@ -701,10 +699,11 @@ def sample_for_eval(
             )
         ]
 
-    seeds = sampling_seeds(seed, EVAL_STREAM, range(len(prompt_ids)))
+    seeds = sampling_seeds(seed, stream, range(len(prompt_ids)))
     items = forward_map(one_batch, list(zip(seeds, prompt_ids)), batch_size, accelerator)
     return {
         "responses": [i["response"] for i in items],
+        "response_ids": [i["response_ids"] for i in items],
         "rewards": [i["reward"] for i in items],
         "lengths": [i["length"] for i in items],
         "finished": [i["finished"] for i in items],

@@ -1,4 +1,4 @@
-"""Multi-process correctness of the PPO, GRPO and DPO stages: `torch.distributed.run` with 2 gloo
+"""Multi-process correctness of the PPO, GRPO, DPO and eval stages: `torch.distributed.run` with 2 gloo
 processes on CPU against 1 process accumulating the same global batch in 2 micro-batches (as the
 SFT and reward tests in test_part1_e2e.py), through the real command line.
 
@@ -15,6 +15,9 @@ to about 1e-6; a missing all-reduce changes a metric by 1e-2 or more).
 Files: everything a stage writes comes from rank 0 alone: metrics.jsonl and samples.jsonl have as
 many rows as in the 1-process run (an append from each rank would double them), and every
 TensorBoard event file comes from one process.
+
+The eval stage trains nothing: both runs sample every prompt from its own seed on whichever
+process it is sharded to, so they write the same responses, and the judges run once, on rank 0.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, TINY_TEST_OVERRIDES
+
+from rlhf.checkpoint import save_pretrained_atomic
+from rlhf.config import load_config, preset_path
+from rlhf.judges import BASE_URL_ENV
+from rlhf.models import load_policy, load_tokenizer
+from rlhf.run import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -40,6 +50,7 @@ SCRIPTS = {
     "ppo": "part2_ppo_grpo/train_ppo.py",
     "grpo": "part2_ppo_grpo/train_grpo.py",
     "dpo": "part3_dpo/train_dpo.py",
+    "eval": "part4_eval/evaluate.py",
 }
 # Global batch 8, micro-batch 4: one process accumulates 2 micro-batches per minibatch, each of 2 processes 1.
 OVERRIDES = {
@@ -81,11 +92,24 @@ OVERRIDES = {
         "dpo.save_every=0",
         "run.log_every=1",
     ],
+    "eval": [
+        "eval.num_prompts=12",
+        "eval.batch_size=4",  # several batches on each process
+        "eval.best_of_n=4",
+        "eval.best_of_n_prompts=3",
+        "eval.max_new_tokens=16",
+        "eval.judges=gold,reward,openai",
+        "eval.openai_max_prompts=3",
+        "judge.model=judge-test",
+    ],
 }
 
 
-def run_stage(launcher: str, stage: str, tiny_run: Path, out: Path) -> None:
-    for folder in ("data", "sft", "reward"):
+def run_stage(
+    launcher: str, stage: str, tiny_run: Path, out: Path, inputs: tuple[str, ...] = ("data", "sft", "reward")
+) -> str:
+    """Run `stage` on a copy of the `inputs` stages of `tiny_run`; its stdout."""
+    for folder in inputs:
         shutil.copytree(tiny_run / folder, out / folder)
     shutil.copy(tiny_run / "summary.json", out / "summary.json")
     command = [*LAUNCHERS[launcher], str(REPO / SCRIPTS[stage]), "--preset", "tiny", "--output-dir", str(out)]
@@ -98,6 +122,7 @@ def run_stage(launcher: str, stage: str, tiny_run: Path, out: Path) -> None:
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
 
 
 def comparable(row: dict) -> dict:
@@ -134,3 +159,75 @@ def test_two_processes_match_one_process(tiny_run, tmp_path, stage):
     results = [json.loads((tmp_path / run / "summary.json").read_text())[stage] for run in LAUNCHERS]
     numbers = [{k: v for k, v in comparable(r).items() if isinstance(v, float)} for r in results]
     assert numbers[0] == pytest.approx(numbers[1], rel=REL, abs=1e-6)
+
+
+def add_policy(run_dir: Path, stage: str) -> None:
+    """A policy other than SFT, without training one: the SFT weights plus fixed noise, published as `stage`."""
+    policy = load_policy(run_dir / "sft" / "model")
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in policy.parameters():
+            param.add_(0.02 * torch.randn(param.shape, generator=generator))
+    save_pretrained_atomic(policy, load_tokenizer(run_dir / "sft" / "model"), run_dir / stage / "model")
+    RunDir(run_dir).mark_complete(stage, load_config(preset_path("tiny"), TINY_TEST_OVERRIDES), {})
+
+
+def flat(tree, path: str = "") -> dict:
+    """Nested dicts and lists as {"a/b/0": leaf}."""
+    if isinstance(tree, dict):
+        return {k: v for key, value in tree.items() for k, v in flat(value, f"{path}/{key}").items()}
+    if isinstance(tree, list):
+        return {k: v for i, value in enumerate(tree) for k, v in flat(value, f"{path}/{i}").items()}
+    return {path: tree}
+
+
+def same_rows(paths: list[Path]) -> None:
+    """Two JSONL files with the same rows: text, lengths and gold scores exactly, reward-model scores and KLs to REL."""
+    single, ddp = ([json.loads(line) for line in path.read_text().splitlines()] for path in paths)
+    assert len(single) == len(ddp) > 0, paths[1]
+    for one, two in zip(single, ddp):
+        scored = [key for key in ("reward", "kl") if isinstance(one.get(key), float)]
+        assert {k: v for k, v in one.items() if k not in scored} == {k: v for k, v in two.items() if k not in scored}
+        assert {k: one[k] for k in scored} == pytest.approx({k: two[k] for k in scored}, rel=REL, abs=1e-6)
+
+
+def same_tree(trees: list) -> None:
+    """Two JSON trees with the same leaves: floats to REL (they carry reward-model scores), everything else exactly."""
+    single, ddp = (comparable(flat(tree)) for tree in trees)
+    assert single.keys() == ddp.keys()
+    floats = [k for k, v in single.items() if isinstance(v, float)]
+    assert {k: single[k] for k in floats} == pytest.approx({k: ddp[k] for k in floats}, rel=REL, abs=1e-6)
+    assert {k: v for k, v in single.items() if k not in floats} == {k: v for k, v in ddp.items() if k not in floats}
+
+
+def test_eval_on_two_processes_matches_one_process(tiny_run, tmp_path, server, monkeypatch):
+    monkeypatch.setenv(BASE_URL_ENV, server.url)  # the LLM judge: the fake one on 127.0.0.1 (tests/fake_openai.py)
+    inputs = tmp_path / "inputs"
+    for folder in ("data", "sft", "reward"):
+        shutil.copytree(tiny_run / folder, inputs / folder)
+    shutil.copy(tiny_run / "summary.json", inputs / "summary.json")
+    add_policy(inputs, "dpo")
+    stdout, requests = {}, []
+    for launcher in LAUNCHERS:
+        stdout[launcher] = run_stage(launcher, "eval", inputs, tmp_path / launcher, ("data", "sft", "reward", "dpo"))
+        requests.append(len(server.requests))
+    evals = [tmp_path / run / "eval" for run in LAUNCHERS]
+
+    # Rank 0 alone judges, prints and writes: as many LLM-judge requests and lines as one process.
+    assert requests[0] > 0 and requests[1] == 2 * requests[0]
+    assert stdout["ddp"].count("[eval] dpo: reward") == 1
+    files = [sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) for folder in evals]
+    assert files[0] == files[1]
+    assert {"responses/sft.jsonl", "responses/dpo.jsonl", "responses/best_of_4.jsonl", "suites/ood.jsonl"} <= set(
+        files[0]
+    )
+
+    # The same samples, whichever process drew them.
+    for name in files[0]:
+        if name.endswith(".jsonl") and name != "openai_cache.jsonl":
+            same_rows([folder / name for folder in evals])
+    summaries = [json.loads((tmp_path / run / "summary.json").read_text())["eval"] for run in LAUNCHERS]
+    assert summaries[0]["models"]["dpo"]["kl_to_ref"] > 0
+    assert summaries[0]["win_rates"]["gold"] and summaries[0]["win_rates"]["gold"] == summaries[1]["win_rates"]["gold"]
+    same_tree(summaries)
+    same_tree([json.loads((folder / "win_rates.json").read_text()) for folder in evals])
