@@ -44,7 +44,7 @@ from rlhf.batching import (  # noqa: E402
     shared_prompt_pair_length,
 )
 from rlhf.config import Config, load_config, preset_path  # noqa: E402
-from rlhf.data import read_jsonl  # noqa: E402
+from rlhf.data import read_demonstrations, read_jsonl  # noqa: E402
 from rlhf.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
 from rlhf.models import (  # noqa: E402
     SharedPromptPairRewards,
@@ -114,7 +114,8 @@ def train_rows(run: RunDir, n: int) -> list[dict]:
 
 def sft_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorkload:
     tokenizer = load_tokenizer(run.model_dir("sft"))
-    examples = encode_demonstrations(tokenizer, train_rows(run, n))
+    demonstrations = read_demonstrations(run.stage("data"), "train", cfg.data.sft_path is not None)[:n]  # as SFT reads
+    examples = encode_demonstrations(tokenizer, demonstrations)
 
     def collate(batch_examples):
         prompts, responses = zip(*batch_examples)
