@@ -9,4 +9,8 @@ cd "$(dirname "$0")"
 source scripts/env.sh
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
-exec "$PY" -m pytest "$@"
+# One worker per core (RLHF_TEST_WORKERS overrides; 0 runs in this process), each test file on one worker so
+# that its module fixtures are built once, and one torch thread per worker: two workers' threads then never
+# spin against each other on a small machine (README, Performance).
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile "$@"
