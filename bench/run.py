@@ -29,11 +29,12 @@ UNITS = {"sft": "examples", "reward": "pairs", "dpo": "pairs", "ppo": "samples",
 
 
 def measure_stage(
-    stage: str, run: Path, preset: str, steps: int, warmup: int, overrides: list[str], python=None
+    stage: str, run: Path, preset: str, steps: int, warmup: int, overrides: list[str], profile: bool = False
 ) -> dict:
-    """One stage's `bench/stages.py` result (a dict), run in a fresh process with `python` (default: this one)."""
-    command = [python or sys.executable, str(REPO / "bench" / "stages.py"), stage, "--run", str(run)]
+    """One stage's `bench/stages.py` result (a dict), run in a fresh process; `profile`: with operator times."""
+    command = [sys.executable, str(REPO / "bench" / "stages.py"), stage, "--run", str(run)]
     command += ["--preset", preset, "--steps", str(steps), "--warmup", str(warmup), *overrides]
+    command += ["--profile"] if profile else []
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
         raise SystemExit(f"error: {' '.join(command)} failed:\n{done.stderr[-3000:]}")

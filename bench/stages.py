@@ -33,6 +33,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the stage modules (part*/) import from the repo root
 
+from profiling import StepProfile  # noqa: E402
+
 from part1_reward.train_sft import encode_demonstrations  # noqa: E402
 from part3_dpo.train_dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
 from rlhf.batching import (  # noqa: E402
@@ -85,6 +87,7 @@ class StageResult:
     memory_kind: str
     device: str
     split_s: dict[str, float] = field(default_factory=dict)  # RL: generate / score / train seconds of the timed steps
+    profile: dict = field(default_factory=dict)  # offline stages: StepProfile.summary() of the timed steps
 
     @property
     def examples(self) -> int:
@@ -178,8 +181,11 @@ def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
 WORKLOADS = {"sft": sft_workload, "reward": reward_workload, "dpo": dpo_workload}
 
 
-def measure_offline(stage: str, cfg: Config, run: RunDir, steps: int, warmup: int) -> StageResult:
-    """`train_step` on `steps` global batches after `warmup` ones, one process, micro-batches as configured."""
+def measure_offline(
+    stage: str, cfg: Config, run: RunDir, steps: int, warmup: int, operators: bool = False
+) -> StageResult:
+    """`train_step` on `steps` global batches after `warmup` ones, one process, micro-batches as configured;
+    the timed steps' token positions are counted, and with `operators` profiled by torch.profiler."""
     tcfg = getattr(cfg, stage)
     accelerator = make_accelerator(cfg)
     total_steps = warmup + steps
@@ -188,10 +194,12 @@ def measure_offline(stage: str, cfg: Config, run: RunDir, steps: int, warmup: in
     optimizer = build_optimizer(workload.model, tcfg)
     scheduler = build_scheduler(optimizer, tcfg, total_steps)
     model, optimizer = accelerator.prepare(workload.model, optimizer)
+    profile = StepProfile(model, operators)
     order = epoch_order(workload.lengths, cfg.run.seed, 0, tcfg.batch_size, tcfg.group_by_length)
     tokens = 0
     for step in range(total_steps):
         if step == warmup:
+            profile.start()
             timed_start = time.perf_counter()
         batch = [workload.examples[i] for i in order[step * tcfg.batch_size : (step + 1) * tcfg.batch_size]]
         micro_batches = [
@@ -205,15 +213,19 @@ def measure_offline(stage: str, cfg: Config, run: RunDir, steps: int, warmup: in
         if step >= warmup:
             tokens += sum(int((mb["input_ids"] != workload.pad_id).sum()) for mb in micro_batches)
     end = time.perf_counter()
+    profile.stop()
     memory, kind = peak_memory_mb(accelerator.device)
     return StageResult(
         stage, steps, warmup, tcfg.batch_size, end - timed_start, end - start, tokens,
-        torch.get_num_threads(), memory, kind, str(accelerator.device),
+        torch.get_num_threads(), memory, kind, str(accelerator.device), profile=profile.summary(),
     )  # fmt: skip
 
 
-def measure_rl(stage: str, preset: str, overrides: list[str], run_root: Path, steps: int, warmup: int) -> StageResult:
-    """The RL stage script for (warmup + steps) iterations in a scratch run folder; the timers are its own."""
+def measure_rl(
+    stage: str, preset: str, overrides: list[str], run_root: Path, steps: int, warmup: int, operators: bool = False
+) -> StageResult:
+    """The RL stage script for (warmup + steps) iterations in a scratch run folder; the timers are its own.
+    With `operators`, torch.profiler records the whole stage (loading and warm-up included)."""
     cfg = load_config(preset_path(preset), overrides)
     rl_cfg = getattr(cfg, stage)
     iterations = warmup + steps
@@ -231,7 +243,10 @@ def measure_rl(stage: str, preset: str, overrides: list[str], run_root: Path, st
             from part2_ppo_grpo.train_ppo import main
         else:
             from part2_ppo_grpo.train_grpo import main
+        profile = StepProfile(None, operators)
+        profile.start()
         main(["--preset", preset, "--output-dir", scratch, "--force", *overrides, *stage_overrides])
+        profile.stop()
         rows = [
             row
             for row in map(json.loads, (Path(scratch) / stage / "metrics.jsonl").read_text().splitlines())
@@ -247,7 +262,7 @@ def measure_rl(stage: str, preset: str, overrides: list[str], run_root: Path, st
         stage, steps, warmup, rl_cfg.batch_size, sum(split.values()),
         sum(row[f"{stage}/time/{phase}_s"] for row in rows for phase in phases), round(generated),
         torch.get_num_threads(), rows[-1][f"{stage}/memory/peak_mb"], peak_memory_mb(torch.device(device))[1],
-        device, split,
+        device, split, profile.summary(),
     )  # fmt: skip
 
 
@@ -260,13 +275,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--steps", type=int, default=10, help="timed optimizer steps (RL: iterations)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument(
+        "--profile", action="store_true", help="torch.profiler operator shares (RL stages: of the whole stage)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     if args.stage in RL_STAGES:
-        result = measure_rl(args.stage, args.preset, args.overrides, args.run, args.steps, args.warmup)
+        result = measure_rl(args.stage, args.preset, args.overrides, args.run, args.steps, args.warmup, args.profile)
     else:
         cfg = load_config(preset_path(args.preset), args.overrides)
-        result = measure_offline(args.stage, cfg, RunDir(args.run), args.steps, args.warmup)
+        result = measure_offline(args.stage, cfg, RunDir(args.run), args.steps, args.warmup, args.profile)
     print(json.dumps(asdict(result)))
 
 

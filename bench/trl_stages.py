@@ -25,6 +25,7 @@ import time
 
 import torch
 from datasets import Dataset
+from profiling import StepProfile
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
 
 from rlhf.config import Config, load_config, preset_path
@@ -37,13 +38,25 @@ TRL_STAGES = ("sft", "reward", "dpo", "grpo")
 
 
 class StepClock(TrainerCallback):
-    """Wall time at the end of every optimizer step."""
+    """Wall time at the end of every optimizer step; `profile` (if any) runs over the steps after `warmup`."""
 
-    def __init__(self):
+    def __init__(self, warmup: int, profile: StepProfile | None):
         self.step_ends: list[float] = []
+        self.warmup = warmup
+        self.profile = profile
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.profile is not None and self.warmup == 0:
+            self.profile.start()
 
     def on_step_end(self, args, state, control, **kwargs):
         self.step_ends.append(time.perf_counter())
+        if self.profile is not None and len(self.step_ends) == self.warmup:
+            self.profile.start()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.profile is not None:
+            self.profile.stop()
 
 
 def common_args(cfg: Config, stage: str, steps: int) -> dict:
@@ -90,6 +103,20 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
         model.config.pad_token_id = tokenizer.pad_token_id
         return RewardTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
     if stage == "dpo":
+
+        class TimedDPOTrainer(DPOTrainer):
+            """TRL 1.x precomputes the reference log-probs in the constructor: time that pass, which ours
+            counts in its end-to-end time, so that it counts on both sides."""
+
+            reference_s = 0.0
+
+            def _precompute_ref_logps(self, *args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return super()._precompute_ref_logps(*args, **kwargs)
+                finally:
+                    TimedDPOTrainer.reference_s += time.perf_counter() - start
+
         args = DPOConfig(
             **common_args(cfg, stage, steps),
             max_length=max_length,
@@ -100,7 +127,7 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
             disable_dropout=True,
         )
         model = AutoModelForCausalLM.from_pretrained(policy_path)
-        return DPOTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
+        return TimedDPOTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
     gcfg = cfg.grpo
     prompts = Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
     args = GRPOConfig(
@@ -136,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler operator shares of the timed steps")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_args(argv)
     if args.threads:
@@ -148,11 +176,18 @@ def main(argv: list[str] | None = None) -> None:
     rows = read_jsonl(run.stage("data") / "train.jsonl")[: total_steps * prompts_per_step]
     torch.manual_seed(cfg.run.seed)
     trainer = build_trainer(args.stage, cfg, run, rows, total_steps)
-    clock = StepClock()
+    # offline stages: token positions (and operators) of the timed steps, as bench/stages.py measures them;
+    # GRPO: operators of the whole train() (warm-up included), as bench/stages.py profiles its RL stages
+    offline = args.stage != "grpo"
+    profile = StepProfile(trainer.model if offline else None, args.profile)
+    clock = StepClock(args.warmup, profile if offline else None)
     trainer.add_callback(clock)
     start = time.perf_counter()
+    if not offline:
+        profile.start()
     trainer.train()
     end = time.perf_counter()
+    profile.stop()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     memory, kind = peak_memory_mb(torch.device(device))
     result = {
@@ -161,11 +196,12 @@ def main(argv: list[str] | None = None) -> None:
         "warmup": args.warmup,
         "batch_size": batch_size,
         "timed_s": end - clock.step_ends[args.warmup - 1] if args.warmup else end - start,
-        "total_s": end - start,
+        "total_s": end - start + getattr(trainer, "reference_s", 0.0),  # DPO: the reference pass in the constructor
         "threads": torch.get_num_threads(),
         "peak_memory_mb": memory,
         "memory_kind": kind,
         "device": device,
+        "profile": profile.summary(),
     }
     print(json.dumps(result))
 

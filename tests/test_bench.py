@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import REPO, TINY_TEST_OVERRIDES
 
 from bench.run import STAGES, UNITS
@@ -36,3 +37,42 @@ def test_harness_runs_one_step_of_every_stage(tiny_run, tmp_path):
             assert rates["tokens_per_s"] > 0
     table = path.with_suffix(".md").read_text()
     assert all(f"| {stage} |" in table for stage in STAGES)
+
+
+def test_step_profile_counts_positions_only_while_started_and_shares_sum_to_one():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from bench.profiling import StepProfile, family
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32))
+    profile = StepProfile(model, operators=True)
+    ids = torch.randint(0, 50, (3, 7))
+    model(input_ids=ids)  # before start: not counted
+    profile.start()
+    model(input_ids=ids).logits.sum().backward()
+    model(input_ids=ids[:, :5])
+    profile.stop()
+    model(input_ids=ids)  # after stop: not counted
+    summary = profile.summary()
+    assert summary["positions"] == 3 * 7 + 3 * 5
+    assert sum(summary["families_share"].values()) == pytest.approx(1.0)
+    assert summary["families_share"]["matmul"] > 0
+    assert [family(op) for op in ("aten::mm", "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::gelu")] == [
+        "matmul",
+        "attention",
+        "other",
+    ]
+
+
+@pytest.mark.slow
+def test_offline_stage_profile_counts_every_position_it_computes(tiny_run):
+    command = [sys.executable, str(REPO / "bench" / "stages.py"), "sft", "--run", str(tiny_run), "--preset", "tiny"]
+    command += ["--steps", "2", "--warmup", "1", "--profile", *TINY_TEST_OVERRIDES]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    profile = result["profile"]
+    assert profile["positions"] >= result["tokens"] > 0  # padding included, non-pad tokens counted apart
+    assert profile["positions"] % 32 == 0  # whole (32, T) micro-batches of sft.micro_batch_size rows
+    assert sum(profile["families_share"].values()) == pytest.approx(1.0)
+    assert "aten::mm" in profile["top_ops_share"]
