@@ -87,7 +87,7 @@ class StageResult:
     memory_kind: str
     device: str
     split_s: dict[str, float] = field(default_factory=dict)  # RL: generate / score / train seconds of the timed steps
-    profile: dict = field(default_factory=dict)  # offline stages: StepProfile.summary() of the timed steps
+    profile: dict = field(default_factory=dict)  # StepProfile.summary(): offline, the timed steps; RL, the stage
 
     @property
     def examples(self) -> int:
