@@ -38,11 +38,9 @@ from profiling import StepProfile  # noqa: E402
 from part1_reward.train_sft import encode_demonstrations  # noqa: E402
 from part3_dpo.train_dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
 from rlhf.batching import (  # noqa: E402
-    collate_pairs,
     collate_sequences,
     collate_shared_prompt_pairs,
     encode_pairs,
-    pair_length,
     shared_prompt_pair_length,
 )
 from rlhf.config import Config, load_config, preset_path  # noqa: E402
@@ -163,7 +161,7 @@ def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
     truncation = (cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)
 
     def collate(batch_pairs):
-        return collate_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
+        return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
 
     def collate_indexed(indices):
         return {**collate([pairs[i] for i in indices]), "index": torch.tensor(indices)}
@@ -174,7 +172,7 @@ def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
     del reference_model
     loss_fn = make_loss_fn(dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, PrecomputedReference({"train": ref_logps}))
     policy = load_policy(run.model_dir("sft"))
-    lengths = [pair_length(p) for p in pairs]
+    lengths = [shared_prompt_pair_length(p) for p in pairs]
     return OfflineWorkload(policy, list(range(len(pairs))), lengths, collate_indexed, loss_fn, tokenizer.pad_token_id)
 
 

@@ -9,7 +9,10 @@ reference IS the SFT model (Rafailov et al. 2023, section 4: pi_ref = pi_SFT). W
 
 The loss is `rlhf.losses.DPO_LOSSES[dpo.loss_type]` ("sigmoid" DPO, "ipo", "cdpo") on per-sequence
 log-probs of the response tokens and EOS; IPO gets length-averaged log-probs
-(`DPO_AVERAGES_LOGPS`). The implicit reward of a response is beta * (log pi - log pi_ref).
+(`DPO_AVERAGES_LOGPS`). The implicit reward of a response is beta * (log pi - log pi_ref). A pair is
+one `[prompt][chosen][rejected]` row (`rlhf.batching.collate_shared_prompt_pairs`, as the reward
+model's): the prompt is computed once for both responses, and each response token's log-prob is
+what its own `[prompt][response]` row gives.
 
 With `dpo.precompute_ref=true` (default) the reference log-probs of every pair are computed once,
 forward-only, and cached in `<run>/dpo/ref_logps.safetensors` under a fingerprint of the SFT
@@ -37,7 +40,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from rlhf import task
-from rlhf.batching import EncodedPair, collate_pairs, encode_pairs, encode_texts, pair_length
+from rlhf.batching import (
+    EncodedPair,
+    collate_shared_prompt_pairs,
+    encode_pairs,
+    encode_texts,
+    shared_prompt_pair_length,
+)
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.config import Config
@@ -45,7 +54,7 @@ from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
-from rlhf.models import load_tokenizer, token_logprobs
+from rlhf.models import load_tokenizer, shared_prompt_response_logprobs
 from rlhf.ops import sequence_logps
 from rlhf.plots import plot_training_curves
 from rlhf.rollout import SamplingConfig, sample_responses, sampling_seeds
@@ -95,13 +104,13 @@ def validate(cfg: Config) -> None:
 
 
 def pair_logps(model, batch: dict, average: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chosen and rejected log-probs from ONE forward pass over the 2B rows of `collate_pairs`
-    (chosen rows first): sums over `response_mask` (response + EOS, never prompt or pad), or
-    means when `average` (IPO)."""
-    logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"])  # (2B, T)
-    logps = sequence_logps(logprobs, batch["response_mask"], average)  # (2B,)
-    chosen, rejected = logps.chunk(2)  # (B,), (B,)
-    return chosen, rejected
+    """Chosen and rejected log-probs from ONE forward pass over the B rows of `collate_shared_prompt_pairs`,
+    `[prompt][chosen][rejected]` with the prompt computed once for both: sums over each response's own
+    columns (response + EOS, never prompt or pad), or means when `average` (IPO)."""
+    logprobs = shared_prompt_response_logprobs(model, batch)  # (B, T)
+    chosen_columns = batch["chosen_mask"] & ~batch["rejected_mask"]  # (B, T): the chosen response alone
+    rejected_columns = batch["rejected_mask"] & ~batch["chosen_mask"]
+    return sequence_logps(logprobs, chosen_columns, average), sequence_logps(logprobs, rejected_columns, average)
 
 
 def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accelerator, average: bool) -> torch.Tensor:
@@ -116,7 +125,7 @@ def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accel
 
     model.eval()
     return torch.tensor(
-        forward_map(score, pairs, batch_size, accelerator, lengths=[pair_length(p) for p in pairs])
+        forward_map(score, pairs, batch_size, accelerator, lengths=[shared_prompt_pair_length(p) for p in pairs])
     )  # (N, 2)
 
 
@@ -274,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     truncation = (cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)  # +1: the EOS
 
     def collate(batch_pairs):
-        return collate_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
+        return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
 
     def collate_indexed(indices):  # fit's examples are train indices, so a batch finds its cached reference
         return {**collate([pairs["train"][i] for i in indices]), "index": torch.tensor(indices)}
@@ -394,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
         accelerator=accelerator,
         model=policy,
         examples=list(range(len(pairs["train"]))),
-        lengths=[pair_length(p) for p in pairs["train"]],
+        lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
         collate=collate_indexed,
         loss_fn=loss_fn,
         evaluate=evaluate,

@@ -388,7 +388,6 @@ def _shared_prompt_attention_mask(config, attention_mask: torch.Tensor, dtype: t
     )
 
 
-@torch.no_grad()
 def shared_prompt_response_logprobs(policy: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """(B, T) log-prob under `policy` of each response token of `collate_shared_prompt_pairs` rows,
     given its own sequence's prefix; 0 on prompt and pad columns.
@@ -396,8 +395,13 @@ def shared_prompt_response_logprobs(policy: nn.Module, batch: dict[str, torch.Te
     Equal to `token_logprobs` on the separate `[prompt][chosen]` and `[prompt][rejected]` rows:
     a token's logits come from the column before it, except the first rejected token's, which
     come from the prompt's last column (the chosen tokens in between are not its prefix).
+    Differentiable (DPO trains through it); forward-only callers run it under `torch.no_grad()`.
+    `policy` may be wrapped for DDP, FSDP or DeepSpeed: the call goes through the wrapper.
     """
-    attention_mask = _shared_prompt_attention_mask(policy.config, batch["attention_mask"], policy.dtype)
+    from accelerate.utils import extract_model_from_parallel
+
+    model = extract_model_from_parallel(policy)
+    attention_mask = _shared_prompt_attention_mask(model.config, batch["attention_mask"], model.dtype)
     logits = policy(
         input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]
     ).logits  # (B, T, V)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rlhf.batching import EncodedPair, collate_pairs
+from rlhf.batching import EncodedPair, collate_shared_prompt_pairs
 from rlhf.config import load_config
 from rlhf.errors import UserError
 from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
@@ -67,7 +67,7 @@ def test_pair_logps_sum_exactly_the_kept_response_tokens_under_padding_and_trunc
         EncodedPair([5], [16, EOS], [17, 18, 19, EOS]),  # short prompt: padded row
         EncodedPair([20, 21, 22], [23, 24, EOS], [25, 26, 27]),  # rejected without EOS, exactly max length
     ]
-    batch = collate_pairs(pairs, PAD, max_prompt, max_response)
+    batch = collate_shared_prompt_pairs(pairs, PAD, max_prompt, max_response)
     chosen, rejected = train_dpo.pair_logps(model, batch, average)
     for i, pair in enumerate(pairs):
         prompt = pair.prompt_ids[-max_prompt:]  # the oldest prompt tokens are cut, never the response's start
@@ -76,19 +76,43 @@ def test_pair_logps_sum_exactly_the_kept_response_tokens_under_padding_and_trunc
             assert got.item() == pytest.approx(expected, abs=1e-5)
 
 
+def test_shared_prompt_rows_train_as_two_rows_per_pair():
+    """The gradient of a DPO loss through one `[prompt][chosen][rejected]` row per pair equals the gradient
+    through separate `[prompt][chosen]` and `[prompt][rejected]` rows, computed by hand one sequence at a time."""
+    policy, pairs = tiny_lm(0), random_pairs(6, seed=4)
+    chosen, rejected = train_dpo.pair_logps(policy, collate_shared_prompt_pairs(pairs, PAD), average=False)
+    shared_loss = -torch.nn.functional.logsigmoid(0.5 * (chosen - rejected)).mean()
+    shared_grads = torch.autograd.grad(shared_loss, list(policy.parameters()))
+
+    def response_logp(prompt, response):  # one unpadded row, autograd on
+        ids = torch.tensor([prompt + response])
+        logprobs = torch.log_softmax(policy(ids).logits[0], -1)[len(prompt) - 1 : -1]  # (R, V)
+        return logprobs.gather(-1, ids[0, len(prompt) :, None]).sum()
+
+    margins = torch.stack(
+        [response_logp(p.prompt_ids, p.chosen_ids) - response_logp(p.prompt_ids, p.rejected_ids) for p in pairs]
+    )
+    separate_loss = -torch.nn.functional.logsigmoid(0.5 * margins).mean()
+    separate_grads = torch.autograd.grad(separate_loss, list(policy.parameters()))
+    torch.testing.assert_close(shared_loss, separate_loss, rtol=0, atol=1e-5)
+    for shared_grad, separate_grad in zip(shared_grads, separate_grads):
+        torch.testing.assert_close(shared_grad, separate_grad, rtol=1e-4, atol=1e-6)
+
+
 def test_prompt_and_pad_tokens_cannot_move_the_response_sum(monkeypatch):
     """Poison every non-response position's log-prob: a correct sum does not move."""
     model = tiny_lm(0)
     pairs = random_pairs(5, seed=1)
-    batch = collate_pairs(pairs, PAD, 6, 5)
+    batch = collate_shared_prompt_pairs(pairs, PAD, 6, 5)
     clean = train_dpo.pair_logps(model, batch, average=False)
-    original = train_dpo.token_logprobs
+    original = train_dpo.shared_prompt_response_logprobs
 
-    def poisoned(model, input_ids, attention_mask, temperature=1.0):
-        values = original(model, input_ids, attention_mask, temperature)
-        return torch.where(batch["response_mask"], values, torch.full_like(values, -1e6))
+    def poisoned(model, batch):
+        values = original(model, batch)
+        responses = batch["chosen_mask"] ^ batch["rejected_mask"]  # each response's own columns
+        return torch.where(responses, values, torch.full_like(values, -1e6))
 
-    monkeypatch.setattr(train_dpo, "token_logprobs", poisoned)
+    monkeypatch.setattr(train_dpo, "shared_prompt_response_logprobs", poisoned)
     dirty = train_dpo.pair_logps(model, batch, average=False)
     for a, b in zip(clean, dirty):
         torch.testing.assert_close(a, b)
@@ -99,7 +123,7 @@ def test_prompt_and_pad_tokens_cannot_move_the_response_sum(monkeypatch):
 
 def collate_indexed(pairs):
     def collate(indices):
-        return {**collate_pairs([pairs[i] for i in indices], PAD, 8, 6), "index": torch.tensor(indices)}
+        return {**collate_shared_prompt_pairs([pairs[i] for i in indices], PAD, 8, 6), "index": torch.tensor(indices)}
 
     return collate
 
@@ -111,7 +135,7 @@ def test_precomputed_reference_gives_the_same_losses_as_on_the_fly(loss_type):
     average = DPO_AVERAGES_LOGPS[loss_type]
 
     def score_split(model, split):  # eval batch 4, length-sorted: different padding from the training batches
-        return train_dpo.split_logps(model, pairs, lambda b: collate_pairs(b, PAD, 8, 6), 4, CPU, average)
+        return train_dpo.split_logps(model, pairs, lambda b: collate_shared_prompt_pairs(b, PAD, 8, 6), 4, CPU, average)
 
     precomputed = train_dpo.PrecomputedReference({"train": score_split(ref, "train")})
     on_the_fly = train_dpo.OnTheFlyReference(ref, average, score_split, CPU)
@@ -136,7 +160,9 @@ def test_precomputed_reference_gives_the_same_losses_as_on_the_fly(loss_type):
 def test_split_logps_returns_pairs_in_their_original_order():
     model = tiny_lm(0)
     pairs = random_pairs(9, seed=3)
-    all_at_once = train_dpo.split_logps(model, pairs, lambda b: collate_pairs(b, PAD), 2, CPU, False)  # (N, 2)
+    all_at_once = train_dpo.split_logps(
+        model, pairs, lambda b: collate_shared_prompt_pairs(b, PAD), 2, CPU, False
+    )  # (N, 2)
     for i, pair in enumerate(pairs):
         expected = [
             by_hand_response_logp(model, pair.prompt_ids, r, False) for r in (pair.chosen_ids, pair.rejected_ids)
