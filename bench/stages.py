@@ -52,7 +52,7 @@ from rlhf.models import (  # noqa: E402
     load_policy,
     load_tokenizer,
 )
-from rlhf.rl import peak_memory_mb  # noqa: E402
+from rlhf.rl.stats import peak_memory_mb  # noqa: E402
 from rlhf.run import RunDir  # noqa: E402
 from rlhf.training import (  # noqa: E402
     build_optimizer,

@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from rlhf.config import Config, load_config, preset_path
 from rlhf.data import read_jsonl
 from rlhf.models import load_tokenizer
-from rlhf.rl import peak_memory_mb
+from rlhf.rl.stats import peak_memory_mb
 from rlhf.run import RunDir
 
 TRL_STAGES = ("sft", "reward", "dpo", "grpo")

@@ -45,7 +45,8 @@ from rlhf.judges import Judge, OpenAIJudge, RewardJudge, SimulatedAnnotatorJudge
 from rlhf.models import load_policy, load_reward_model, load_tokenizer
 from rlhf.plots import plot_length_distributions
 from rlhf.rewards import text_scorer
-from rlhf.rl import check_context, context_size, unique_prompts
+from rlhf.rl.plan import check_context, context_size
+from rlhf.rl.prompts import unique_prompts
 from rlhf.rollout import SamplingConfig, sample_responses
 from rlhf.run import RunDir, write_json_atomic
 from rlhf.training import forward_map, make_accelerator

@@ -6,7 +6,7 @@ policy optimisation.
 Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, reference) and `<run>/reward/model/`
 (frozen reward model). Writes `<run>/grpo/model/` in Hugging Face format, samples.jsonl,
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
-`grpo.*` / `timing_s.grpo` in summary.json. Metric keys are defined in rlhf/rl.py.
+`grpo.*` / `timing_s.grpo` in summary.json. Metric keys are defined in rlhf/rl/__init__.py.
 
 The training score comes from `grpo.reward` (rlhf/rewards.py): the reward model by default, or
 Python reward functions (DeepSeekMath's rule-based rewards; the embedded task's gold judge is
@@ -38,43 +38,21 @@ import torch
 
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
+from rlhf.evaluation import sequence_kl
 from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.losses import grpo_loss
 from rlhf.models import load_reward_model, load_tokenizer, position_ids_from_mask
 from rlhf.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
 from rlhf.rewards import load_reward_source
-from rlhf.rl import (
-    append_samples,
-    apply_missing_eos_penalty,
-    check_context,
-    check_frozen,
-    check_grpo_config,
-    context_size,
-    eval_due,
-    eval_metrics,
-    evaluate_against_sft,
-    frozen,
-    frozen_digests,
-    gold_metrics,
-    held_out_eval,
-    load_rl_checkpoint,
-    load_rl_prompts,
-    local_prompt_rows,
-    loop_costs,
-    mean_process_units,
-    micro_batches,
-    minibatch_indices,
-    open_rl_logger,
-    peak_memory_mb,
-    plan_rl,
-    publish_rl,
-    response_metrics,
-    save_rl_checkpoint,
-    sequence_kl,
-    set_cpu_threads,
-    shifted_entropy,
-    shifted_logprobs,
-)
+from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
+from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
+from rlhf.rl.passes import mean_process_units, micro_batches, minibatch_indices, shifted_entropy, shifted_logprobs
+from rlhf.rl.plan import check_context, check_grpo_config, context_size, plan_rl, set_cpu_threads
+from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.publish import publish_rl
+from rlhf.rl.roles import check_frozen, frozen, frozen_digests
+from rlhf.rl.shaping import apply_missing_eos_penalty
+from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step

@@ -6,7 +6,7 @@ Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, frozen reference
 `<run>/reward/model/` (frozen reward model, critic init). Writes `<run>/ppo/model/` in Hugging
 Face format, samples.jsonl (training samples every `ppo.samples_every` iterations),
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
-`ppo.*` / `timing_s.ppo` in summary.json. Metric keys are defined in rlhf/rl.py.
+`ppo.*` / `timing_s.ppo` in summary.json. Metric keys are defined in rlhf/rl/__init__.py.
 
 The training score comes from `ppo.reward` (rlhf/rewards.py): the reward model by default, or
 Python reward functions such as the embedded task's gold judge, or a weighted sum. The reward
@@ -36,6 +36,7 @@ import torch
 
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
+from rlhf.evaluation import sequence_kl
 from rlhf.lora import load_trainable_policy, ppo_critic_and_reward, reference_policy
 from rlhf.losses import ppo_policy_loss, ppo_value_loss
 from rlhf.models import PolicyAndValue, load_tokenizer
@@ -48,41 +49,23 @@ from rlhf.ops import (
     masked_whiten,
 )
 from rlhf.rewards import load_reward_source
-from rlhf.rl import (
+from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
+from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
+from rlhf.rl.passes import (
     align_values,
-    append_samples,
-    apply_missing_eos_penalty,
     build_ppo_optimizer,
-    check_context,
-    check_frozen,
-    check_ppo_config,
-    context_size,
-    eval_due,
-    eval_metrics,
-    evaluate_against_sft,
-    frozen_digests,
-    gold_metrics,
-    held_out_eval,
-    load_rl_checkpoint,
-    load_rl_prompts,
-    local_prompt_rows,
-    loop_costs,
-    make_kl_controller,
     mean_process_units,
     micro_batches,
     minibatch_indices,
-    open_rl_logger,
-    peak_memory_mb,
-    plan_rl,
-    publish_rl,
-    response_metrics,
-    save_rl_checkpoint,
-    sequence_kl,
-    set_cpu_threads,
-    shape_rewards,
     shifted_entropy,
     shifted_logprobs,
 )
+from rlhf.rl.plan import check_context, check_ppo_config, context_size, plan_rl, set_cpu_threads
+from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.publish import publish_rl
+from rlhf.rl.roles import check_frozen, frozen_digests
+from rlhf.rl.shaping import apply_missing_eos_penalty, make_kl_controller, shape_rewards
+from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import (
     SamplingConfig,
     forward_in_chunks,

@@ -6,7 +6,7 @@ Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, KL reference of 
 `<run>/reward/model/` (frozen reward model). Writes `<run>/raft/model/` in Hugging Face format,
 samples.jsonl (kept samples), eval_samples.jsonl (final policy vs SFT on held-out prompts),
 curves.png, metrics.jsonl, and `raft.*` / `timing_s.raft` in summary.json. Metric keys are defined
-in rlhf/raft.py and rlhf/rl.py.
+in rlhf/raft.py and rlhf/rl/.
 
 RAFT (Dong et al. 2023, arXiv 2304.06767, Algorithm 1). Each round:
 1. sample N = `raft.samples_per_prompt` responses to each of `raft.prompts_per_round` training
@@ -34,30 +34,14 @@ from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.models import load_reward_model, load_tokenizer
 from rlhf.raft import check_raft_config, kept_rows, plan_raft, tied_prompts
 from rlhf.rewards import load_reward_source
-from rlhf.rl import (
-    append_samples,
-    apply_missing_eos_penalty,
-    check_context,
-    check_frozen,
-    context_size,
-    eval_due,
-    eval_metrics,
-    evaluate_against_sft,
-    frozen,
-    frozen_digests,
-    gold_metrics,
-    held_out_eval,
-    load_rl_checkpoint,
-    load_rl_prompts,
-    local_prompt_rows,
-    loop_costs,
-    open_rl_logger,
-    peak_memory_mb,
-    publish_rl,
-    response_metrics,
-    save_rl_checkpoint,
-    set_cpu_threads,
-)
+from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
+from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
+from rlhf.rl.plan import check_context, context_size, set_cpu_threads
+from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.publish import publish_rl
+from rlhf.rl.roles import check_frozen, frozen, frozen_digests
+from rlhf.rl.shaping import apply_missing_eos_penalty
+from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, generate_rollout, score_rollout
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss, train_step

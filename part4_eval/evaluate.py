@@ -29,7 +29,7 @@ from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
 from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
 from rlhf.rewards import text_scorer
-from rlhf.rl import EVAL_STREAM, sample_for_eval
+from rlhf.rl.held_out import EVAL_STREAM, sample_for_eval
 from rlhf.rollout import SamplingConfig
 from rlhf.run import write_json_atomic
 from rlhf.training import make_accelerator

@@ -53,7 +53,10 @@ from rlhf.models import load_policy, load_reward_model, load_tokenizer
 from rlhf.overoptimization import best_of_n_points, eval_every_for, eval_points, kl_optimum_points
 from rlhf.plots import plot_overoptimization
 from rlhf.rewards import MODEL, load_reward_function
-from rlhf.rl import check_grpo_config, check_ppo_config, frozen, load_rl_prompts, sample_for_eval, set_cpu_threads
+from rlhf.rl.held_out import sample_for_eval
+from rlhf.rl.plan import check_grpo_config, check_ppo_config, set_cpu_threads
+from rlhf.rl.prompts import load_rl_prompts
+from rlhf.rl.roles import frozen
 from rlhf.rollout import SamplingConfig
 from rlhf.run import STAGE_SCRIPTS, write_json_atomic
 from rlhf.training import make_accelerator

@@ -23,7 +23,7 @@ from torch import nn
 from rlhf.config import LoRAConfig
 from rlhf.errors import UserError
 from rlhf.models import ValueModel, load_policy, load_reward_model, value_model_from_reward
-from rlhf.rl import frozen
+from rlhf.rl.roles import frozen
 
 # Every attention and MLP projection: adapters on all linear layers match full fine-tuning far better than on
 # the attention projections alone (Dettmers et al. 2023, QLoRA, arXiv 2305.14314, section 4).

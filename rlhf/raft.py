@@ -6,7 +6,7 @@ A round's samples are laid out prompt-major: rows p*N .. p*N + N - 1 of the roun
 samples of its prompt p, so `scores.view(P, N)` holds prompt p's scores in row p.
 
 Metrics (keys `raft/<group>/<name>`, one row per round; the groups RAFT shares with PPO and GRPO,
-responses/*, gold/*, reward/*, time/*, memory/* and eval/*, are defined in rlhf/rl.py)
+responses/*, gold/*, reward/*, time/*, memory/* and eval/*, are defined in rlhf/rl/__init__.py)
 -------------------------------------------------------------------------------------------------
 objective/scores            mean score of all the round's samples (`raft.reward`, after the missing-EOS penalty)
 objective/tied_prompts      share of prompts whose N scores are all equal (mostly N identical responses):
@@ -30,7 +30,7 @@ from torch import Tensor
 
 from rlhf.config import RAFTConfig
 from rlhf.errors import UserError
-from rlhf.rl import check_rl_config
+from rlhf.rl.plan import check_rl_config
 from rlhf.training import StepPlan, plan_steps
 
 # ----------------------------------------------------------------------------- selection

@@ -31,7 +31,7 @@ from rlhf.lora import (
     with_lora,
 )
 from rlhf.models import load_policy, load_reward_model, reward_scores, token_logprobs
-from rlhf.rl import check_frozen, frozen_digests
+from rlhf.rl.roles import check_frozen, frozen_digests
 from rlhf.training import build_optimizer
 
 LORA = LoRAConfig(enabled=True, r=4, alpha=8.0)

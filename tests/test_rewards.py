@@ -22,7 +22,7 @@ from rlhf.rewards import (
     load_reward_source,
     parse_reward_spec,
 )
-from rlhf.rl import check_grpo_config, check_ppo_config
+from rlhf.rl.plan import check_grpo_config, check_ppo_config
 
 PROMPT = "\n\nHuman: What is 3 plus 4?\n\nAssistant:"
 

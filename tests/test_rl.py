@@ -1,4 +1,4 @@
-"""Tests for rlhf.rl (and the PPO value model in rlhf.models). Expected values are worked out by
+"""Tests for the rlhf.rl package (and the PPO value model in rlhf.models). Expected values are worked out by
 hand in each test; GAE, whitening, the PPO/GRPO losses and the KL estimators are tested in
 test_ops.py and test_losses.py."""
 
@@ -14,45 +14,29 @@ from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadMo
 from rlhf import task
 from rlhf.config import GRPOConfig, PPOConfig, RLConfig, load_config, preset_path
 from rlhf.errors import UserError
+from rlhf.evaluation import sequence_kl
 from rlhf.models import PolicyAndValue, disable_dropout, reward_scores, token_logprobs, value_model_from_reward
-from rlhf.rl import (
-    AdaptiveKLController,
-    FixedKLController,
+from rlhf.rl.checkpoints import load_rl_checkpoint, save_rl_checkpoint
+from rlhf.rl.held_out import compare_with_sft, eval_due, eval_metrics, final_line, held_out_eval, summarize_samples
+from rlhf.rl.passes import (
     accumulation_weights,
     align_values,
-    apply_missing_eos_penalty,
-    check_context,
-    check_frozen,
-    check_gold_prompts,
-    check_grpo_config,
-    check_ppo_config,
-    compare_with_sft,
-    eval_due,
-    eval_metrics,
-    final_line,
-    frozen_digests,
-    gold_metrics,
-    head_to_head,
-    held_out_eval,
-    iteration_prompts,
-    load_rl_checkpoint,
-    load_rl_prompts,
-    local_prompt_rows,
-    loop_costs,
-    make_kl_controller,
     micro_batches,
     minibatch_indices,
-    pearson,
-    plan_rl,
-    response_metrics,
-    save_rl_checkpoint,
-    sequence_kl,
-    shape_rewards,
     shifted_entropy,
     shifted_logprobs,
-    summarize_samples,
-    weights_digest,
 )
+from rlhf.rl.plan import check_context, check_grpo_config, check_ppo_config, plan_rl
+from rlhf.rl.prompts import check_gold_prompts, iteration_prompts, load_rl_prompts, local_prompt_rows
+from rlhf.rl.roles import check_frozen, frozen_digests, weights_digest
+from rlhf.rl.shaping import (
+    AdaptiveKLController,
+    FixedKLController,
+    apply_missing_eos_penalty,
+    make_kl_controller,
+    shape_rewards,
+)
+from rlhf.rl.stats import gold_metrics, head_to_head, loop_costs, pearson, response_metrics
 from rlhf.run import RunDir
 
 
@@ -417,7 +401,7 @@ def test_compare_with_sft_uses_the_gold_judge_head_to_head():
 
 @pytest.mark.parametrize("separate", [True, False])
 def test_ppo_optimizer_gives_the_critic_its_own_learning_rate(separate):
-    from rlhf.rl import build_ppo_optimizer
+    from rlhf.rl.passes import build_ppo_optimizer
 
     policy = GPT2LMHeadModel(tiny_gpt2())
     critic = value_model_from_reward(GPT2ForSequenceClassification(tiny_gpt2(num_labels=1))) if separate else None
@@ -533,7 +517,7 @@ def test_summarize_samples_by_hand():
 
 def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
     from rlhf.models import train_tokenizer
-    from rlhf.rl import RLPrompts
+    from rlhf.rl.prompts import RLPrompts
     from rlhf.rollout import SamplingConfig
 
     texts = [

@@ -9,7 +9,7 @@ import pytest
 
 from rlhf.config import load_config, preset_path
 from rlhf.errors import UserError
-from rlhf.rl import plan_rl
+from rlhf.rl.plan import plan_rl
 from rlhf.run import COMPLETE_FILE, RunDir
 from rlhf.training import plan_steps
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlhf import faults, signals
-from rlhf.rl import drop_samples_after
+from rlhf.rl.checkpoints import drop_samples_after
 
 
 class OneProcess:

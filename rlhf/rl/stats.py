@@ -1,0 +1,96 @@
+"""Response statistics, head-to-head counts, memory and loop costs of an RL stage."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+from torch import Tensor
+
+from rlhf import task
+from rlhf.ops import upcast
+from rlhf.winrates import win_rate_summary
+
+
+def pearson(x: Tensor, y: Tensor) -> float:
+    """Pearson correlation of two (B,) tensors; 0 when either is constant."""
+    x, y = upcast(x.double()), upcast(y.double())
+    x, y = x - x.mean(), y - y.mean()
+    denominator = (x.square().sum() * y.square().sum()).sqrt()
+    return float((x * y).sum() / denominator) if denominator > 0 else 0.0
+
+
+def response_metrics(
+    response_lengths: Tensor, finished: Tensor, scores: Tensor, generate_s: float
+) -> dict[str, Tensor]:
+    """The responses/* metrics of a batch and time/tokens_per_s (glossary above).
+
+    response_lengths: (B,) tokens, EOS included; finished: (B,) bool; scores: (B,); generate_s:
+    wall seconds the batch took to generate.
+    """
+    lengths = response_lengths.float()
+    return {
+        "responses/length_mean": lengths.mean(),
+        "responses/eos_rate": finished.float().mean(),
+        "responses/unfinished": (~finished).float().sum(),
+        "responses/length_score_corr": torch.tensor(pearson(lengths, scores)),
+        "time/tokens_per_s": lengths.sum() / max(generate_s, 1e-9),
+    }
+
+
+def gold_scores(prompts: list[str], responses: list[str]) -> list[float]:
+    return [task.gold_score(p, r) for p, r in zip(prompts, responses)]
+
+
+def gold_metrics(prompts: list[str], responses: list[str]) -> dict[str, Tensor]:
+    """The gold/* metrics of a batch on the embedded task: mean gold score and the share rated good
+    (`task.is_good_score`)."""
+    gold = torch.tensor(gold_scores(prompts, responses))
+    return {"gold/score_mean": gold.mean(), "gold/good_rate": (gold >= task.GOOD_SCORE - 1e-9).float().mean()}
+
+
+def head_to_head(policy_scores: list[float], baseline_scores: list[float]) -> dict:
+    """Per-prompt comparison by score: win when higher, tie when equal. win_rate = (wins + ties/2) / n
+    with a 95% Wilson interval (rlhf.winrates.win_rate_summary)."""
+    outcomes = ["A" if a > b else "B" if a < b else "tie" for a, b in zip(policy_scores, baseline_scores)]
+    return win_rate_summary(outcomes)
+
+
+def peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    """(peak MB, what it measures): CUDA max allocated on GPU, else the process's max RSS (Linux kB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_memory_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_max_rss"
+
+
+def state_memory_mb(modules: list[torch.nn.Module], optimizers: list[torch.optim.Optimizer]) -> float:
+    """MB held by the weights of every loaded role plus optimizer state: the part of memory that
+    a critic adds or removes, independent of the interpreter's baseline (what max RSS mixes in)."""
+    seen, total = set(), 0
+    tensors = [p for m in modules for p in m.parameters()]
+    tensors += [
+        v for opt in optimizers for state in opt.state.values() for v in state.values() if isinstance(v, Tensor)
+    ]
+    for tensor in tensors:
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total / 2**20
+
+
+def loop_costs(
+    loop_s: float,
+    episodes: int,
+    device: torch.device,
+    modules: list[torch.nn.Module],
+    optimizers: list[torch.optim.Optimizer],
+) -> dict:
+    """What the training loop cost, for the summary: wall ms per episode it trained (None when it
+    trained none, e.g. resumed at its end), peak memory and what measured it, and `state_memory_mb`."""
+    peak_mb, peak_source = peak_memory_mb(device)
+    return {
+        "time_per_sample_ms": 1000 * loop_s / episodes if episodes else None,
+        "peak_memory_mb": peak_mb,
+        "peak_memory_source": peak_source,
+        "state_memory_mb": state_memory_mb(modules, optimizers),
+    }
