@@ -172,18 +172,16 @@ class RunDir:
         return json.loads(self.summary_path.read_text())
 
     def update_summary(self, updates: dict) -> None:
-        """Merge `updates` (nested dicts) into summary.json, replacing leaves, atomically."""
+        """Write `updates` into summary.json, atomically. Each section (a stage's results) replaces the
+        old one whole, so a re-run stage leaves nothing of an earlier run behind; `timing_s` holds one
+        entry per stage, and its entries are merged."""
         summary = self.read_summary()
-        _deep_merge(summary, updates)
+        for key, value in updates.items():
+            if key == "timing_s":
+                summary[key] = {**summary.get(key, {}), **value}
+            else:
+                summary[key] = value
         write_json_atomic(self.summary_path, summary)
-
-
-def _deep_merge(base: dict, updates: dict) -> None:
-    for key, value in updates.items():
-        if isinstance(value, dict) and isinstance(base.get(key), dict):
-            _deep_merge(base[key], value)
-        else:
-            base[key] = value
 
 
 def write_text_atomic(path: Path, text: str) -> None:
