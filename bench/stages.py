@@ -144,7 +144,7 @@ def reward_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWor
         )
 
     def loss_fn(pairwise, batch):
-        chosen, rejected, _ = pairwise(batch)
+        chosen, rejected = pairwise(batch)[:2]
         return bradley_terry_loss(chosen, rejected, None, cfg.reward.label_smoothing)
 
     pairwise = SharedPromptPairRewards(build_reward_model(run.model_dir("sft"), cfg.reward))

@@ -16,13 +16,13 @@ import time
 
 import torch
 
-from rlhf.batching import collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
+from rlhf.batching import chosen_longer, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 from rlhf.lora import with_lora
-from rlhf.losses import bradley_terry_loss, logprob_distillation_loss
+from rlhf.losses import bradley_terry_loss, length_heuristic_bt_loss, logprob_distillation_loss
 from rlhf.models import (
     REWARD_CONFIG_FILE,
     SharedPromptPairRewards,
@@ -42,6 +42,13 @@ from rlhf.training import fit, forward_map, make_accelerator
 def check_reward_config(cfg) -> None:
     if not 0 <= cfg.reward.label_smoothing < 0.5:
         raise UserError(f"reward.label_smoothing must be in [0, 0.5), got {cfg.reward.label_smoothing}")
+    if cfg.reward.length_heuristic and (cfg.reward.label_smoothing or cfg.reward.margin):
+        raise UserError(
+            "reward.length_heuristic replaces the Bradley-Terry likelihood that reward.margin and "
+            "reward.label_smoothing modify; set those to 0, or reward.length_heuristic=false"
+        )
+    if cfg.reward.length_heuristic_lr <= 0:
+        raise UserError(f"reward.length_heuristic_lr must be > 0, got {cfg.reward.length_heuristic_lr}")
     if cfg.reward.logprob_distill_coef < 0:
         raise UserError(f"reward.logprob_distill_coef must be >= 0, got {cfg.reward.logprob_distill_coef}")
     if cfg.model.lora.enabled and cfg.reward.pooling != "last":
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def score_pairs(pairwise, split_pairs) -> list[tuple[float, float]]:
         def score(batch_pairs):
-            chosen, rejected, _ = pairwise({k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()})
+            chosen, rejected = pairwise({k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()})[:2]
             return list(zip(chosen.tolist(), rejected.tolist()))
 
         pairwise.eval()
@@ -123,12 +130,18 @@ def main(argv: list[str] | None = None) -> None:
     # 3. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024); with LoRA,
     #    adapters on the frozen backbone and the head trained in full.
     model = with_lora(build_reward_model(run.model_dir("sft"), cfg.reward), cfg.model.lora)
-    pairwise = SharedPromptPairRewards(model, token_head=distilling)  # what is trained: one forward per batch of pairs
+    heuristic_lr = cfg.reward.length_heuristic_lr if cfg.reward.length_heuristic else None
+    pairwise = SharedPromptPairRewards(
+        model, distilling, heuristic_lr
+    )  # what is trained: one forward per batch of pairs
     margin = torch.tensor(cfg.reward.margin) if cfg.reward.margin else None
 
     def loss_fn(pairwise, batch):
-        chosen, rejected, token_values = pairwise(batch)
-        loss, stats = bradley_terry_loss(chosen, rejected, margin, cfg.reward.label_smoothing)
+        chosen, rejected, token_values, heuristic_weight = pairwise(batch)
+        if heuristic_weight is not None:  # reward.length_heuristic: a rater who sometimes picks the longer one
+            loss, stats = length_heuristic_bt_loss(chosen, rejected, chosen_longer(batch), heuristic_weight)
+        else:
+            loss, stats = bradley_terry_loss(chosen, rejected, margin, cfg.reward.label_smoothing)
         if distilling:
             distill = logprob_distillation_loss(token_values, batch["response_values"], batch["response_values_mask"])
             loss = loss + cfg.reward.logprob_distill_coef * distill
@@ -175,6 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         "pairs": cfg.reward.pairs,
         "train_pairs": len(rows["train"]),
     }
+    if pairwise.length_heuristic_logit is not None:
+        results["length_heuristic_weight"] = pairwise.length_heuristic_logit.sigmoid().item()
     analysis: dict = {}
     by_family: dict[str, dict[str, float]] = {}  # embedded task: agreement with gold per prompt family
     for split, scores in held_out.items():
@@ -239,6 +254,11 @@ def main(argv: list[str] | None = None) -> None:
     accelerator.print(
         f"[reward] accuracy val {results['val_accuracy']:.3f} test {results.get('test_accuracy', float('nan')):.3f}"
         + (f" (vs gold {results['test_gold_accuracy']:.3f})" if "test_gold_accuracy" in results else "")
+        + (
+            f"; length-heuristic rater w {results['length_heuristic_weight']:.3f}"
+            if pairwise.length_heuristic_logit is not None
+            else ""
+        )
     )
 
 

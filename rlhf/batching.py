@@ -154,6 +154,13 @@ def collate_shared_prompt_pairs(
     return batch
 
 
+def chosen_longer(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B,) for a `collate_shared_prompt_pairs` batch: 1.0 where the chosen response has more tokens than the
+    rejected one, 0.0 where fewer, 0.5 where as many (ℓ of `rlhf.losses.length_heuristic_bt_loss`)."""
+    gap = batch["chosen_mask"].sum(-1) - batch["rejected_mask"].sum(-1)  # (B,) the prompt cancels
+    return (gap > 0).float() + 0.5 * (gap == 0).float()
+
+
 def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     """Left-padded prompt batch for generation: every prompt ends at the same column."""
     width = max(len(p) for p in prompts)

@@ -135,6 +135,10 @@ class RewardConfig(TrainConfig):
     pooling: str = "last"
     margin: float = 0.0  # constant margin m in -log sigma(r_c - r_r - m)
     label_smoothing: float = 0.0  # assumed share of flipped labels, in [0, 0.5): see rlhf.losses.bradley_terry_loss
+    # learn a length-heuristic rater: P(label) = w [chosen longer] + (1 - w) sigma(r_c - r_r), w learnt by maximum
+    # likelihood (rlhf.losses.length_heuristic_bt_loss); replaces the margin and label smoothing
+    length_heuristic: bool = False
+    length_heuristic_lr: float = 0.05  # learning rate of w's logit (its own AdamW group, same schedule)
     head_hidden: int = 256  # hidden width of the MLP head (mean pooling only)
     head_dropout: float = 0.1  # dropout in the MLP head (mean pooling only)
     # fold an offset into the head so reference responses (SFT demonstrations: val chosen) score mean 0

@@ -53,6 +53,37 @@ def bradley_terry_loss(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
+def length_heuristic_bt_loss(
+    chosen_rewards: Tensor, rejected_rewards: Tensor, chosen_longer: Tensor, heuristic_weight: Tensor | float
+) -> tuple[Tensor, Stats]:
+    """Bradley–Terry for raters who sometimes just pick the longer response: −log P(label), mean over pairs,
+
+        P(label) = w · ℓ + (1 − w) · σ(r_c − r_r),   ℓ = 1 if chosen is longer, 0 if shorter, 1/2 if equal.
+
+    A mixture of two raters (a noisy-label likelihood, as cDPO's flips, with a length heuristic in place of a
+    coin): with weight w the label says only which response is longer, and the reward explains the rest. A
+    label that the heuristic explains (the longer one chosen) pulls r less, so the reward stops learning
+    "longer is better" from it; with w = 0 this is `bradley_terry_loss`. Raters' length preference is
+    documented by Singhal et al. 2023 and Dubois et al. 2024.
+    chosen_rewards, rejected_rewards, chosen_longer: (B,); heuristic_weight: w in [0, 1), a float or a
+    scalar tensor (learnable). stats: as `bradley_terry_loss`, plus heuristic_weight.
+    """
+    chosen_rewards, rejected_rewards = upcast(chosen_rewards), upcast(rejected_rewards)
+    weight = torch.as_tensor(heuristic_weight, dtype=chosen_rewards.dtype, device=chosen_rewards.device)
+    reward_gap = chosen_rewards - rejected_rewards  # (B,)
+    heuristic = torch.log(weight) + torch.log(upcast(chosen_longer))  # log(w ℓ), −inf where ℓ = 0
+    careful = torch.log1p(-weight) + F.logsigmoid(reward_gap)  # log((1 − w) σ(r_c − r_r))
+    loss = -torch.logaddexp(heuristic, careful).mean()
+    stats = {
+        "accuracy": (reward_gap > 0).float().mean(),
+        "margin_mean": reward_gap.mean(),
+        "chosen_mean": chosen_rewards.mean(),
+        "rejected_mean": rejected_rewards.mean(),
+        "heuristic_weight": weight,
+    }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
 def logprob_distillation_loss(predicted: Tensor, target_logprobs: Tensor, mask: Tensor) -> Tensor:
     """Mean squared error between a head's per-token outputs and the SFT policy's per-token
     log-probs (standardised by the caller), over the columns in `mask`.

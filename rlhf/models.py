@@ -419,6 +419,7 @@ class PairRewards(NamedTuple):
     chosen: torch.Tensor  # (B,)
     rejected: torch.Tensor  # (B,)
     token_values: torch.Tensor | None  # (B, T) the token head's output at every column; None without one
+    length_heuristic_weight: torch.Tensor | None  # () the learnt rater mixture weight w; None without one
 
 
 class SharedPromptPairRewards(nn.Module):
@@ -428,16 +429,23 @@ class SharedPromptPairRewards(nn.Module):
     sequence's last token (last pooling) or the mean over each sequence's tokens (mean pooling).
     With `token_head`, a linear head also reads every column's final hidden state (the
     log-prob distillation target of the reward stage); it is trained but not part of the reward
-    model. A module rather than a function so that the whole pass is one `forward`, which is what
-    DistributedDataParallel synchronises; `reward_model` is the model to save.
+    model. With `length_heuristic_lr`, it also learns the weight w of the length-heuristic rater
+    (`rlhf.losses.length_heuristic_bt_loss`) as σ(logit), from w = 0.1, at that learning rate (its own
+    optimizer group: at the backbone's, a scalar would barely move). A module rather than a function
+    so that the whole pass is one `forward`, which is what DistributedDataParallel synchronises;
+    `reward_model` is the model to save.
     """
 
-    def __init__(self, reward_model: nn.Module, token_head: bool = False):
+    def __init__(self, reward_model: nn.Module, token_head: bool = False, length_heuristic_lr: float | None = None):
         super().__init__()
         self.reward_model = reward_model
         self.mean_pooled = isinstance(inner_model(reward_model), MeanPoolRewardModel)
         _check_4d_mask_support(reward_model.config)  # fail at start-up, not at the first batch
         self.token_head = nn.Linear(reward_model.config.hidden_size, 1) if token_head else None
+        self.length_heuristic_logit = None
+        if length_heuristic_lr is not None:
+            self.length_heuristic_logit = nn.Parameter(torch.logit(torch.tensor(0.1)))
+            self.length_heuristic_logit._optim = {"lr": length_heuristic_lr, "weight_decay": 0.0}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> PairRewards:
         model = inner_model(self.reward_model)
@@ -458,7 +466,8 @@ class SharedPromptPairRewards(nn.Module):
             return head(pooled).squeeze(-1).float() - offset
 
         token_values = self.token_head(hidden).squeeze(-1).float() if self.token_head is not None else None  # (B, T)
-        return PairRewards(score("chosen"), score("rejected"), token_values)
+        logit = self.length_heuristic_logit
+        return PairRewards(score("chosen"), score("rejected"), token_values, None if logit is None else logit.sigmoid())
 
 
 def fold_reward_offset(model: nn.Module, offset: float) -> float:

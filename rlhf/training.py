@@ -151,10 +151,17 @@ def epoch_order(lengths: list[int], seed: int, epoch: int, batch_size: int, grou
 
 
 def build_optimizer(model: torch.nn.Module, tcfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices only, never on biases, norms or embeddings' 1-D params."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    """AdamW; weight decay on matrices only, never on biases, norms or embeddings' 1-D params.
+
+    A parameter with an `_optim` dict of its own (e.g. {"lr": 0.05}) gets a group with those settings
+    (the convention of the state-spaces/Mamba code); the schedule scales every group alike.
+    """
+    trained = [p for p in model.parameters() if p.requires_grad]
+    own = [p for p in trained if hasattr(p, "_optim")]
+    decay = [p for p in trained if not hasattr(p, "_optim") and p.ndim >= 2]
+    no_decay = [p for p in trained if not hasattr(p, "_optim") and p.ndim < 2]
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups += [{"params": [p], **p._optim} for p in own]
     return torch.optim.AdamW(groups, lr=tcfg.lr, eps=tcfg.adam_eps)
 
 

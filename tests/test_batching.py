@@ -5,6 +5,7 @@ import torch
 
 from rlhf.batching import (
     EncodedPair,
+    chosen_longer,
     collate_pairs,
     collate_sequences,
     collate_shared_prompt_pairs,
@@ -98,3 +99,12 @@ def test_truncate_after_eos_keeps_the_first_eos_only():
     ids, mask = truncate_after_eos(generated, eos, PAD)
     assert ids.tolist() == [[4, 1, PAD, PAD], [4, 5, 6, 7], [1, PAD, PAD, PAD]]
     assert mask.tolist() == [[True, True, False, False], [True] * 4, [True, False, False, False]]
+
+
+def test_chosen_longer_counts_response_tokens_not_the_prompt():
+    pairs = [
+        EncodedPair([1, 2, 3], [4, 5, 6], [7]),  # chosen longer
+        EncodedPair([1], [4], [7, 8]),  # shorter
+        EncodedPair([1, 2], [4, 5], [7, 8]),  # as long
+    ]
+    assert chosen_longer(collate_shared_prompt_pairs(pairs, PAD)).tolist() == [1.0, 0.0, 0.5]

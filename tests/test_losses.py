@@ -14,6 +14,7 @@ from rlhf.losses import (
     dpo_loss,
     grpo_loss,
     ipo_loss,
+    length_heuristic_bt_loss,
     logprob_distillation_loss,
     ppo_policy_loss,
     ppo_value_loss,
@@ -104,6 +105,55 @@ def test_bradley_terry_margin():
     loss, stats = bradley_terry_loss(f64([2.0, 2.0]), f64([0.0, 0.0]), margin=f64([1.0, 3.0]))
     close(loss, (softplus(-1) + softplus(1)) / 2)
     close(stats["accuracy"], 1.0)  # accuracy ignores the margin
+
+
+def test_length_heuristic_bt_by_hand():
+    # gaps [1, 0, -2]; chosen longer, as long, shorter; w = 0.2:
+    #   -log(0.2 + 0.8 sigma(1)), -log(0.2 * 0.5 + 0.8 * 0.5) = log 2, -log(0.8 sigma(-2))
+    loss, stats = length_heuristic_bt_loss(f64([1.0, 0.0, -1.0]), f64([0.0, 0.0, 1.0]), f64([1.0, 0.5, 0.0]), 0.2)
+    sigma = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    expected = -(math.log(0.2 + 0.8 * sigma(1)) + math.log(0.5) + math.log(0.8 * sigma(-2))) / 3
+    close(loss, expected)
+    close(stats["heuristic_weight"], 0.2)
+    close(stats["accuracy"], 1 / 3)
+    # w = 0 is Bradley-Terry, whatever the lengths
+    chosen, rejected = f64([1.0, 0.0, -1.0]), f64([0.0, 0.0, 1.0])
+    close(
+        length_heuristic_bt_loss(chosen, rejected, f64([1.0, 0.5, 0.0]), 0.0)[0],
+        bradley_terry_loss(chosen, rejected)[0],
+    )
+
+
+def test_length_heuristic_pulls_less_on_labels_that_length_explains():
+    # The same gap of 0: a chosen response that is longer pulls r_c up by (1 - w) sigma'(0) / P, with
+    # P = w + (1 - w) sigma(0) = 0.6, so 0.8 * 0.25 / 0.6 = 1/3; a shorter one by sigma'(0) / sigma(0) = 0.5, as in
+    # Bradley-Terry.
+    gaps = f64([0.0, 0.0]).requires_grad_()
+    length_heuristic_bt_loss(gaps, f64([0.0, 0.0]), f64([1.0, 0.0]), 0.2)[0].backward()
+    close(-gaps.grad * 2, [0.8 * 0.25 / 0.6, 0.5])  # x2: the loss is a mean over 2 pairs
+
+
+def test_length_heuristic_weight_is_recovered_by_maximum_likelihood():
+    # Labels from the mixture with w = 0.3 over known reward gaps: maximising the likelihood over w alone
+    # must find it again (a reversed length indicator finds about 0.0 instead).
+    generator = torch.Generator().manual_seed(0)
+    n = 20_000
+    gaps = torch.randn(n, generator=generator, dtype=torch.float64) * 2  # r_better - r_worse
+    better_longer = (torch.rand(n, generator=generator) < 0.5).double()
+    by_length = torch.rand(n, generator=generator, dtype=torch.float64) < 0.3
+    careful_picks_better = torch.rand(n, generator=generator, dtype=torch.float64) < torch.sigmoid(gaps)
+    picks_better = torch.where(by_length, better_longer.bool(), careful_picks_better)
+    chosen_gap = torch.where(picks_better, gaps, -gaps)  # r_chosen - r_rejected
+    chosen_longer = torch.where(picks_better, better_longer, 1 - better_longer)
+    logit = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.Adam([logit], lr=0.05)
+    for _ in range(400):
+        optimizer.zero_grad()
+        length_heuristic_bt_loss(chosen_gap, torch.zeros(n, dtype=torch.float64), chosen_longer, logit.sigmoid())[
+            0
+        ].backward()
+        optimizer.step()
+    assert logit.sigmoid().item() == pytest.approx(0.3, abs=0.02)
 
 
 # ---------------------------------------------------------------- DPO family

@@ -134,7 +134,7 @@ def test_shared_prompt_rows_score_like_separate_sequences(tmp_path, pooling, att
     expected_chosen, expected_rejected = reward_scores(model, separate["input_ids"], separate["attention_mask"]).chunk(
         2
     )
-    chosen, rejected, token_values = SharedPromptPairRewards(model)(collate_shared_prompt_pairs(pairs, PAD))
+    chosen, rejected, token_values, _ = SharedPromptPairRewards(model)(collate_shared_prompt_pairs(pairs, PAD))
     assert torch.allclose(chosen, expected_chosen, atol=1e-5)
     assert torch.allclose(rejected, expected_rejected, atol=1e-5)
     assert token_values is None
@@ -168,6 +168,17 @@ def test_token_head_reads_every_column_and_is_not_saved(sft_dir, tmp_path):
     assert token_values.shape == batch["input_ids"].shape
     model.save_pretrained(tmp_path / "rm")
     assert "token_head.weight" not in load_file(tmp_path / "rm" / "model.safetensors")
+
+
+def test_length_heuristic_weight_is_learnt_beside_the_model_and_not_saved(sft_dir, tmp_path):
+    model = build_reward_model(sft_dir, RewardConfig(pooling="last")).eval()
+    batch = collate_shared_prompt_pairs([EncodedPair([3, 7], [9, 1], [5, 5, 1])], PAD)
+    assert SharedPromptPairRewards(model)(batch).length_heuristic_weight is None
+    pairwise = SharedPromptPairRewards(model, length_heuristic_lr=0.05)
+    assert pairwise(batch).length_heuristic_weight.item() == pytest.approx(0.1)
+    assert pairwise.length_heuristic_logit._optim == {"lr": 0.05, "weight_decay": 0.0}
+    model.save_pretrained(tmp_path / "rm")
+    assert not any("length_heuristic" in k for k in load_file(tmp_path / "rm" / "model.safetensors"))
 
 
 def test_shared_prompt_rows_refuse_attention_without_4d_masks(sft_dir):

@@ -114,6 +114,15 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
         "part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.logprob_distill_coef=-1", check=False
     )
     assert negative.returncode == 2 and "reward.logprob_distill_coef must be >= 0" in negative.stderr
+    both = run_script(
+        "part1_reward/train_reward.py",
+        run,
+        *TINY_TEST_OVERRIDES,
+        "reward.length_heuristic=true",
+        "reward.label_smoothing=0.1",
+        check=False,
+    )
+    assert both.returncode == 2 and "reward.length_heuristic replaces the Bradley-Terry likelihood" in both.stderr
     assert "already complete" in run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES).stdout
     changed = run_script("part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.max_steps=3")
     assert "already complete" not in changed.stdout

@@ -11,7 +11,7 @@ from rlhf.config import TrainConfig
 from rlhf.errors import UserError
 from rlhf.reward_analysis import accuracy_by_group, error_categories, pearson
 from rlhf.run import RunDir
-from rlhf.training import epoch_order, forward_map, optimizer_step, plan_steps, train_step
+from rlhf.training import build_optimizer, epoch_order, forward_map, optimizer_step, plan_steps, train_step
 
 
 def test_plan_steps_derives_accumulation_and_total():
@@ -169,3 +169,16 @@ def test_train_step_stops_on_a_non_finite_loss_in_one_line():
         f"sft: non-finite loss (inf) at step 4; the last good checkpoint is kept in {checkpoint}; "
         "lower sft.lr or check the data"
     )
+
+
+def test_a_parameter_with_optim_settings_gets_its_own_group():
+    model = torch.nn.Linear(3, 2)
+    model.register_parameter("scale", torch.nn.Parameter(torch.zeros(())))
+    model.scale._optim = {"lr": 0.05, "weight_decay": 0.0}
+    groups = build_optimizer(model, TrainConfig(lr=1e-4, weight_decay=0.1)).param_groups
+    assert [(len(g["params"]), g["lr"], g["weight_decay"]) for g in groups] == [
+        (1, 1e-4, 0.1),
+        (1, 1e-4, 0.0),
+        (1, 0.05, 0.0),
+    ]
+    assert groups[2]["params"][0] is model.scale
