@@ -9,7 +9,9 @@ reference IS the SFT model (Rafailov et al. 2023, section 4: pi_ref = pi_SFT). W
 
 The loss is `rlhf.losses.DPO_LOSSES[dpo.loss_type]` ("sigmoid" DPO, "ipo", "cdpo") on per-sequence
 log-probs of the response tokens and EOS; IPO gets length-averaged log-probs
-(`DPO_AVERAGES_LOGPS`). The implicit reward of a response is beta * (log pi - log pi_ref). A pair is
+(`DPO_AVERAGES_LOGPS`). With `dpo.length_heuristic` = w > 0 (sigmoid only) the labels are read as a rater who
+picks the longer response with probability w (`rlhf.losses.length_heuristic_dpo_loss`), so DPO does not learn
+"longer is better" from them. The implicit reward of a response is beta * (log pi - log pi_ref). A pair is
 one `[prompt][chosen][rejected]` row (`rlhf.batching.collate_shared_prompt_pairs`, as the reward
 model's): the prompt is computed once for both responses, and each response token's log-prob is
 what its own `[prompt][response]` row gives.
@@ -42,9 +44,11 @@ from safetensors.torch import save_file
 from rlhf import task
 from rlhf.batching import (
     EncodedPair,
+    chosen_longer,
     collate_shared_prompt_pairs,
     encode_pairs,
     encode_texts,
+    length_order,
     shared_prompt_pair_length,
 )
 from rlhf.checkpoint import save_pretrained_atomic
@@ -53,7 +57,7 @@ from rlhf.config import Config
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.errors import UserError
 from rlhf.lora import load_trainable_policy, reference_policy
-from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
+from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, length_heuristic_dpo_loss
 from rlhf.models import load_tokenizer, shared_prompt_response_logprobs
 from rlhf.ops import sequence_logps
 from rlhf.plots import plot_training_curves
@@ -92,6 +96,10 @@ def validate(cfg: Config) -> None:
         raise UserError(
             f"dpo.label_smoothing={d.label_smoothing} is only used by dpo.loss_type=cdpo; set one or the other"
         )
+    if not 0 <= d.length_heuristic < 1:
+        raise UserError(f"dpo.length_heuristic must be in [0, 1), got {d.length_heuristic}")
+    if d.length_heuristic and d.loss_type != "sigmoid":
+        raise UserError(f"dpo.length_heuristic is a rater model for dpo.loss_type=sigmoid, not {d.loss_type}")
     if d.max_train_pairs is not None and d.max_train_pairs < d.batch_size:
         raise UserError(
             f"dpo.max_train_pairs={d.max_train_pairs} is fewer than one batch (dpo.batch_size={d.batch_size})"
@@ -203,15 +211,28 @@ def save_ref_cache(path: Path, fingerprints: dict[str, str], logps: dict[str, to
 # ----------------------------------------------------------------------------- loss and meters
 
 
-def make_loss_fn(loss_type: str, beta: float, label_smoothing: float, reference, extra_stats=lambda batch: {}):
+def make_loss_fn(
+    loss_type: str,
+    beta: float,
+    label_smoothing: float,
+    reference,
+    extra_stats=lambda batch: {},
+    length_heuristic: float = 0.0,
+):
     """fit()'s loss: policy log-probs (one concatenated forward) vs reference log-probs, through
-    the loss chosen from the table; the stats are the loss's own (rewards/*, logps/*) plus `extra_stats`."""
+    the loss chosen from the table, or with `length_heuristic` > 0 (sigmoid only) the length-heuristic
+    rater's; the stats are the loss's own (rewards/*, logps/*) plus `extra_stats`."""
     loss_impl, average = DPO_LOSSES[loss_type], DPO_AVERAGES_LOGPS[loss_type]
 
     def loss_fn(model, batch):
         policy_chosen, policy_rejected = pair_logps(model, batch, average)  # (B,), (B,)
         ref_chosen, ref_rejected = reference.batch(batch, "train")  # (B,), (B,)
-        loss, stats = loss_impl(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, label_smoothing)
+        if length_heuristic:
+            loss, stats = length_heuristic_dpo_loss(
+                policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, chosen_longer(batch), length_heuristic
+            )
+        else:
+            loss, stats = loss_impl(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, label_smoothing)
         return loss, {**stats, **extra_stats(batch)}
 
     return loss_fn
@@ -364,15 +385,26 @@ def main(argv: list[str] | None = None) -> None:
         f"{'precomputed' if dcfg.precompute_ref else 'on the fly'}"
     )
     throughput = Throughput(accelerator)
-    loss_fn = make_loss_fn(dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, reference, throughput)
+    loss_fn = make_loss_fn(
+        dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, reference, throughput, dcfg.length_heuristic
+    )
     has_gold = {split: "gold_chosen" in rows[split][0] for split in rows}
 
     def evaluate_split(model, split) -> dict[str, float]:
         """Implicit-reward preference accuracy (and the loss's other stats) on a held-out split."""
         policy_logps, ref = score_split(model, split), reference.split(split)  # (N, 2) each
-        loss, stats = DPO_LOSSES[dcfg.loss_type](
-            policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1], dcfg.beta, dcfg.label_smoothing
-        )
+        if dcfg.length_heuristic:
+            cap = truncation[1]  # lengths as collated
+            chosen_lengths = torch.tensor([min(len(pair.chosen_ids), cap) for pair in pairs[split]])
+            rejected_lengths = torch.tensor([min(len(pair.rejected_ids), cap) for pair in pairs[split]])
+            longer = length_order(chosen_lengths, rejected_lengths)  # (N,)
+            loss, stats = length_heuristic_dpo_loss(
+                policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1], dcfg.beta, longer, dcfg.length_heuristic
+            )
+        else:
+            loss, stats = DPO_LOSSES[dcfg.loss_type](
+                policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1], dcfg.beta, dcfg.label_smoothing
+            )
         metrics = {f"dpo/{split}/loss": loss.item(), **{f"dpo/{split}/{k}": v.item() for k, v in stats.items()}}
         if has_gold[split]:
             implicit_prefers_chosen = ((policy_logps[:, 0] - ref[:, 0]) > (policy_logps[:, 1] - ref[:, 1])).tolist()
@@ -426,6 +458,7 @@ def main(argv: list[str] | None = None) -> None:
         "loss_type": dcfg.loss_type,
         "beta": dcfg.beta,
         "label_smoothing": dcfg.label_smoothing,
+        "length_heuristic": dcfg.length_heuristic,
         "steps": loop["steps"],
         "pairs": dcfg.pairs,
         "train_pairs": len(pairs["train"]),

@@ -154,11 +154,16 @@ def collate_shared_prompt_pairs(
     return batch
 
 
-def chosen_longer(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """(B,) for a `collate_shared_prompt_pairs` batch: 1.0 where the chosen response has more tokens than the
-    rejected one, 0.0 where fewer, 0.5 where as many (ℓ of `rlhf.losses.length_heuristic_bt_loss`)."""
-    gap = batch["chosen_mask"].sum(-1) - batch["rejected_mask"].sum(-1)  # (B,) the prompt cancels
+def length_order(chosen_lengths: torch.Tensor, rejected_lengths: torch.Tensor) -> torch.Tensor:
+    """(B,) 1.0 where the chosen response is longer, 0.0 where shorter, 0.5 where as long: ℓ of
+    `rlhf.losses.length_heuristic_bt_loss`."""
+    gap = chosen_lengths - rejected_lengths  # (B,)
     return (gap > 0).float() + 0.5 * (gap == 0).float()
+
+
+def chosen_longer(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`length_order` of a `collate_shared_prompt_pairs` batch's responses, in tokens as collated (truncated)."""
+    return length_order(batch["chosen_mask"].sum(-1), batch["rejected_mask"].sum(-1))  # the prompt cancels
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:

@@ -161,6 +161,9 @@ class DPOConfig(TrainConfig):
     # implicit-KL strength: reward = beta * (log pi - log pi_ref); Rafailov et al. 2023 use 0.1 (IPO: its tau)
     beta: float = 0.1
     label_smoothing: float = 0.0  # cdpo only: assumed probability that a preference label is flipped
+    # sigmoid only: the share w of labels given by length alone (rlhf.losses.length_heuristic_dpo_loss); 0 is DPO.
+    # The reward stage's reward.length_heuristic learns it from the same labels (reward_model.length_heuristic_weight)
+    length_heuristic: float = 0.0
     # reference logps from one forward-only pass, cached in <run>/dpo/; false: reference model kept in memory
     precompute_ref: bool = True
     # training pairs: "dataset" (data/train.jsonl), "collected" (the collect stage's pairs of SFT samples) or "both"

@@ -157,6 +157,28 @@ def dpo_loss(
     return loss, _dpo_stats(chosen_log_ratio, rejected_log_ratio, policy_chosen_logps, policy_rejected_logps, beta)
 
 
+def length_heuristic_dpo_loss(
+    policy_chosen_logps: Tensor,
+    policy_rejected_logps: Tensor,
+    ref_chosen_logps: Tensor,
+    ref_rejected_logps: Tensor,
+    beta: float,
+    chosen_longer: Tensor,
+    heuristic_weight: float,
+) -> tuple[Tensor, Stats]:
+    """DPO for a rater who sometimes picks the longer response: −log(w ℓ + (1 − w) σ(β h)), i.e.
+    `length_heuristic_bt_loss` on the implicit rewards β (log π − log π_ref), as `dpo_loss` is Bradley–Terry on
+    them. Sequence-summed logps; chosen_longer (B,) is ℓ (`rlhf.batching.length_order`); w = 0 is `dpo_loss`.
+    """
+    _, chosen_log_ratio, rejected_log_ratio = _dpo_log_ratio_gap(
+        policy_chosen_logps, policy_rejected_logps, ref_chosen_logps, ref_rejected_logps
+    )
+    loss, _ = length_heuristic_bt_loss(
+        beta * chosen_log_ratio, beta * rejected_log_ratio, chosen_longer, heuristic_weight
+    )
+    return loss, _dpo_stats(chosen_log_ratio, rejected_log_ratio, policy_chosen_logps, policy_rejected_logps, beta)
+
+
 def ipo_loss(
     policy_chosen_logps: Tensor,
     policy_rejected_logps: Tensor,

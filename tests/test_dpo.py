@@ -203,6 +203,21 @@ def test_loss_fn_dispatches_through_the_table_with_the_right_averaging(loss_type
 # ---------------------------------------------------------------- the cache
 
 
+def test_length_heuristic_loss_reads_the_collated_lengths():
+    policy, ref = tiny_lm(0), tiny_lm(1)
+    pairs = random_pairs(4, seed=4)
+    batch = collate_indexed(pairs)([0, 1, 2, 3])
+    reference = train_dpo.OnTheFlyReference(ref, False, None, CPU)
+    loss, _ = train_dpo.make_loss_fn("sigmoid", 0.3, 0.0, reference, length_heuristic=0.2)(policy, batch)
+    policy_chosen, policy_rejected = train_dpo.pair_logps(policy, batch, False)
+    ref_chosen, ref_rejected = reference.batch(batch, "train")
+    lengths = [(min(len(p.chosen_ids), 6), min(len(p.rejected_ids), 6)) for p in pairs]  # the 6-token truncation
+    longer = torch.tensor([1.0 if c > r else 0.0 if c < r else 0.5 for c, r in lengths])
+    h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    expected = -torch.log(0.2 * longer + 0.8 * torch.sigmoid(0.3 * h)).mean()
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
+
+
 def test_reference_cache_loads_only_splits_with_their_own_fingerprint(tmp_path):
     path = tmp_path / train_dpo.REF_CACHE_FILE
     values = {"train": torch.tensor([[-1.5, -2.0]]), "val": torch.tensor([[-3.0, -0.5], [-1.0, -1.0]])}
@@ -251,10 +266,12 @@ def test_head_to_head_counts_ties_as_half_by_hand():
         ("dpo.beta=0", "dpo.beta must be > 0"),
         ("dpo.label_smoothing=0.1", "only used by dpo.loss_type=cdpo"),
         ("dpo.max_train_pairs=8", "fewer than one batch"),
+        ("dpo.length_heuristic=1.0", "dpo.length_heuristic must be in [0, 1)"),
+        ("dpo.loss_type=ipo dpo.length_heuristic=0.2", "rater model for dpo.loss_type=sigmoid, not ipo"),
     ],
 )
 def test_config_errors_are_one_line_before_any_model_loads(override, message):
-    cfg = load_config(REPO / "configs" / "tiny.yaml", [override])
-    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+    cfg = load_config(REPO / "configs" / "tiny.yaml", override.split())
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as info:
         train_dpo.validate(cfg)
     assert "\n" not in str(info.value)

@@ -15,6 +15,7 @@ from rlhf.losses import (
     grpo_loss,
     ipo_loss,
     length_heuristic_bt_loss,
+    length_heuristic_dpo_loss,
     logprob_distillation_loss,
     ppo_policy_loss,
     ppo_value_loss,
@@ -122,6 +123,17 @@ def test_length_heuristic_bt_by_hand():
         length_heuristic_bt_loss(chosen, rejected, f64([1.0, 0.5, 0.0]), 0.0)[0],
         bradley_terry_loss(chosen, rejected)[0],
     )
+
+
+def test_length_heuristic_dpo_is_the_rater_mixture_on_implicit_rewards():
+    # policy chosen/rejected [-1, -2] / [-3, -1], reference all -2, beta 0.5: h = [2, -1], chosen longer, shorter
+    # -> -(log(0.2 + 0.8 sigma(1)) + log(0.8 sigma(-0.5))) / 2; w = 0 is dpo_loss
+    logps = (f64([-1.0, -2.0]), f64([-3.0, -1.0]), f64([-2.0, -2.0]), f64([-2.0, -2.0]))
+    loss, stats = length_heuristic_dpo_loss(*logps, 0.5, f64([1.0, 0.0]), 0.2)
+    sigma = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    close(loss, -(math.log(0.2 + 0.8 * sigma(1)) + math.log(0.8 * sigma(-0.5))) / 2)
+    close(stats["rewards/margins"], (1.0 - 0.5) / 2)
+    close(length_heuristic_dpo_loss(*logps, 0.5, f64([1.0, 0.0]), 0.0)[0], dpo_loss(*logps, 0.5)[0])
 
 
 def test_length_heuristic_pulls_less_on_labels_that_length_explains():
