@@ -131,9 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     #    adapters on the frozen backbone and the head trained in full.
     model = with_lora(build_reward_model(run.model_dir("sft"), cfg.reward), cfg.model.lora)
     heuristic_lr = cfg.reward.length_heuristic_lr if cfg.reward.length_heuristic else None
-    pairwise = SharedPromptPairRewards(
-        model, distilling, heuristic_lr
-    )  # what is trained: one forward per batch of pairs
+    # what is trained: one forward per batch of pairs, plus the rater's w with reward.length_heuristic
+    pairwise = SharedPromptPairRewards(model, distilling, heuristic_lr)
     margin = torch.tensor(cfg.reward.margin) if cfg.reward.margin else None
 
     def loss_fn(pairwise, batch):

@@ -621,6 +621,13 @@ def section_reward_model(data: RunData) -> str:
             f"Normalisation offset subtracted from every reward: {fmt(rm['offset'])} (reference responses score 0 on "
             "average; Huang et al. 2024).",
         ]
+    if is_number(rm.get("length_heuristic_weight")):
+        lines += [
+            "",
+            "Trained as a length-heuristic rater (`reward.length_heuristic`): each label is read as the longer "
+            f"response with probability w = {fmt(rm['length_heuristic_weight'])}, learnt from the labels, and as the "
+            "reward model's preference otherwise, so labels that length explains teach the reward less.",
+        ]
     lines += ["", "### Error analysis", ""]
     analysis = data.error_analysis or {}
     if not analysis:

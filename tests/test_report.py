@@ -352,6 +352,7 @@ def fixture_summary() -> dict:
         "reward_model": {
             "steps": 140,
             "offset": 0.25,
+            "length_heuristic_weight": 0.1834,
             "val_accuracy": 0.7812,
             "test_accuracy": 0.7654,
             "val_gold_accuracy": 0.8,
@@ -588,6 +589,7 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "| 16 | 1.835 | 1.210 |" in text  # best-of-N: log 16 - 15/16, 0.01 + 0.3 * 4
     assert "| test | 0.765 | 0.812 | 0.873 | 0.562 | 0.247 | 0.410 | -0.520 |" in text
     assert "| split | arith | fact |" in text and "| test | 0.800 | 0.750 |" in text  # gold agreement by family
+    assert "read as the longer response with probability w = 0.183, learnt from the labels" in text
     assert "| test | 61 | 290 | 9 | 40 | 12 | 3 |" in text
     assert "| tie | 6 | 1 | 7 |" in text
     assert "| sycophancy | 2 | -0.321 | 0.654 | 0.111 |" in text
