@@ -5,7 +5,7 @@
 Reads only files in the run folder (summary.json, eval/responses/*.jsonl, eval/suites/*.jsonl,
 each stage's metrics.jsonl, reward/error_analysis.json, the model's safetensors header); never
 loads a model or retrains, so it runs in seconds. Writes `<run>/report.md` and PNG
-figures beside it. The markdown comes from the pure, tested functions in `rlhf/report.py`;
+figures beside it. The markdown comes from the pure, tested functions of the `rlhf.report` package;
 anything the run lacks (a stage, a judge, gold scores) becomes a one-line note, not an error.
 """
 
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     figures.update({key: rel for key, rel in STAGE_FIGURES.items() if (run.root / rel).is_file()})
     data.figures = figures
 
-    # 3. Markdown from the pure functions in rlhf/report.py, written atomically.
+    # 3. Markdown from the pure functions of rlhf.report, written atomically.
     text = render_report(data, problems)
     write_text_atomic(run.root / "report.md", text)
 

@@ -1,0 +1,123 @@
+"""The run report: pure functions from a run's loaded files to markdown (no I/O, no models).
+
+`part4_eval/make_report.py` reads the run folder into a `RunData` and calls `render_report`.
+Every number in the output comes from that `RunData`, i.e. from the run's own files; the one
+exception is `contract.EXTERNAL_REFERENCES`, published numbers that are printed in their own, clearly
+labelled section and never mixed into the run's tables.
+
+Missing pieces degrade to a one-line note: a run without GRPO, without the OpenAI judge, or on
+HH data (no gold judge) simply has fewer rows and sections.
+
+Modules: `contract` (RunData and the fixed names), `format` (numbers and markdown),
+`training_sections` and `eval_sections` (one function per report section); this module orders the
+sections and renders them, and re-exports what callers use.
+"""
+
+from __future__ import annotations
+
+from rlhf.report.contract import STAGE_LABELS, TRAINED_STAGES, RunData
+from rlhf.report.eval_sections import (
+    section_best_of_n,
+    section_eval_models,
+    section_external,
+    section_figures,
+    section_gold_breakdown,
+    section_judge_agreement,
+    section_samples,
+    section_suites,
+    section_timing,
+    section_win_rates,
+)
+from rlhf.report.format import (
+    code_block,
+    escape_cell,
+    eval_models,
+    fmt,
+    fmt_ci,
+    fmt_params,
+    fmt_pm,
+    fmt_seconds,
+    is_number,
+    markdown_table,
+    model_label,
+    note,
+    order_models,
+    parse_pairing,
+    win_rate_matrix,
+)
+from rlhf.report.training_sections import (
+    section_collect,
+    section_data,
+    section_headline,
+    section_intro,
+    section_reward_model,
+    section_training,
+)
+
+__all__ = [
+    "SECTIONS",
+    "STAGE_LABELS",
+    "TRAINED_STAGES",
+    "RunData",
+    "code_block",
+    "escape_cell",
+    "eval_models",
+    "fmt",
+    "fmt_ci",
+    "fmt_params",
+    "fmt_pm",
+    "fmt_seconds",
+    "is_number",
+    "markdown_table",
+    "model_label",
+    "note",
+    "order_models",
+    "parse_pairing",
+    "render_report",
+    "section_collect",
+    "section_training",
+    "win_rate_matrix",
+]
+
+SECTIONS = (
+    section_intro,
+    section_headline,
+    section_data,
+    section_collect,
+    section_reward_model,
+    section_training,
+    section_eval_models,
+    section_gold_breakdown,
+    section_win_rates,
+    section_judge_agreement,
+    section_best_of_n,
+    section_figures,
+    section_samples,
+    section_suites,
+    section_timing,
+    section_external,
+)
+
+
+def render_report(data: RunData, problems: list[str] | None = None) -> str:
+    """The whole report as markdown.
+
+    A section that raises (an input shaped unlike the contract) becomes a visible one-line
+    note instead of costing the reader the rest of the report; one line per such failure is
+    appended to `problems` when given.
+    """
+    parts = []
+    problems = problems if problems is not None else []
+    for section in SECTIONS:
+        try:
+            parts.append(section(data))
+        except Exception as exc:
+            name = section.__name__.removeprefix("section_")
+            problems.append(f"section '{name}' failed to render: {type(exc).__name__}: {exc}")
+            parts.append(
+                note(
+                    f"The `{name}` section failed to render ({type(exc).__name__}: {escape_cell(exc, 200)}); "
+                    "its input in the run folder does not match the expected contract."
+                )
+            )
+    return "\n\n".join(p.rstrip() for p in parts if p.strip()) + "\n"

@@ -1,0 +1,444 @@
+"""The report's sections on the evaluation: per-model metrics, gold breakdown, win rates, judge
+agreement, best-of-N, figures, samples, failure suites, timing and the external reference points."""
+
+from __future__ import annotations
+
+from rlhf.report.contract import (
+    EXTERNAL_REFERENCES,
+    FIGURES,
+    JUDGES,
+    NA,
+    POLICY_STAGES,
+    STAGE_LABELS,
+    SUMMARY_SECTION,
+    TRAINED_STAGES,
+    RunData,
+)
+from rlhf.report.format import (
+    code_block,
+    escape_cell,
+    eval_models,
+    fmt,
+    fmt_ci,
+    fmt_pm,
+    fmt_seconds,
+    get_path,
+    is_number,
+    markdown_table,
+    model_label,
+    note,
+    order_models,
+    ordered_pairings,
+    parse_pairing,
+    peak_memory,
+)
+
+
+def section_eval_models(data: RunData) -> str:
+    ev = data.summary.get("eval")
+    lines = ["## Evaluation", ""]
+    if not isinstance(ev, dict):
+        return "\n".join(
+            lines + [note("No `eval` section in summary.json: the evaluation stage's results are missing.")]
+        )
+    decoding = ev.get("decoding") or {}
+    if decoding:
+        settings = ", ".join(f"`{k}` {v:g}" if is_number(v) else f"`{k}` {v}" for k, v in decoding.items())
+        lines += [f"Shared decoding settings, identical for every model: {settings}.", ""]
+    models = eval_models(data.summary)
+    names = order_models(models)
+    if not names:
+        return "\n".join(lines + [note("No per-model results (`eval.models` is empty).")])
+    has_gold = any(is_number(models[m].get("gold_score_mean")) for m in names)
+    headers = [
+        "model",
+        "n",
+        "RM reward (mean ± std)",
+        "KL to ref (nats, mean ± std)",
+        "length (tokens)",
+        "EOS rate",
+        "distinct-2",
+    ] + (["gold score", "gold good-rate"] if has_gold else [])
+    rows = []
+    for name in names:
+        m = models[name]
+        row = [
+            model_label(name),
+            fmt(m.get("n")),
+            fmt_pm(m.get("reward_mean"), m.get("reward_std")),
+            fmt_pm(m.get("kl_to_ref"), m.get("kl_to_ref_std")),
+            fmt(m.get("length_mean"), 1),
+            fmt(m.get("eos_rate")),
+            fmt(m.get("distinct_2")),
+        ]
+        if has_gold:
+            row += [fmt(m.get("gold_score_mean")), fmt(m.get("gold_good_rate"))]
+        rows.append(row)
+    lines += [
+        "### Per-model metrics",
+        "",
+        "*EOS rate*: share of responses that ended on their own within the token budget. "
+        "*distinct-2*: distinct token bigrams over all bigrams in the model's responses (low means repetitive)."
+        + (" *Gold good-rate*: share of responses the gold judge rates fully correct." if has_gold else ""),
+        "",
+        markdown_table(headers, rows),
+    ]
+    for stage in ("sft",) + POLICY_STAGES:
+        if stage not in models:
+            lines += ["", note(f"{model_label(stage)}: not evaluated in this run (no `eval.models.{stage}`).")]
+    return "\n".join(lines)
+
+
+def section_gold_breakdown(data: RunData) -> str:
+    """Gold good-rate by prompt family and by instruction, and how each model's failures split into
+    preference errors (what a reward model can see) and capability errors (a wrong answer)."""
+    models = eval_models(data.summary)
+    names = [m for m in order_models(models) if isinstance(models[m].get("gold_good_rate_by_family"), dict)]
+    if not names:
+        return ""
+    lines = [
+        "## What each method fixed, by family",
+        "",
+        "Gold good-rate on the held-out prompts by prompt family and by the prompt's explicit instruction "
+        "(`none`: no instruction). *Preference errors* are failures a preference can correct (harmful "
+        "compliance, over-refusal, hedging, evasion, rambling, repetition, no ending, an ignored instruction); "
+        "*capability errors* state a wrong answer (a wrong capital, sum or count), which a reward model that "
+        "knows no more than the policy cannot teach: the capability families (fact, arith, context) are the control.",
+        "",
+    ]
+    for key, title in (("gold_good_rate_by_family", "family"), ("gold_good_rate_by_instruction", "instruction")):
+        groups = sorted({g for m in names for g in models[m][key]})
+        rows = [[model_label(m)] + [fmt(models[m][key].get(g)) for g in groups] for m in names]
+        lines += [f"By {title}:", "", markdown_table(["model"] + groups, rows), ""]
+    rows = [
+        [
+            model_label(m),
+            fmt(models[m].get("gold_good_rate")),
+            fmt((models[m].get("gold_failures") or {}).get("preference")),
+            fmt((models[m].get("gold_failures") or {}).get("capability")),
+        ]
+        for m in names
+    ]
+    lines += [markdown_table(["model", "good", "preference errors", "capability errors"], rows)]
+    return "\n".join(lines)
+
+
+def section_win_rates(data: RunData) -> str:
+    win_rates = get_path(data.summary, "eval.win_rates", {}) or {}
+    judges_info = get_path(data.summary, "eval.judges", {}) or {}
+    if not isinstance(data.summary.get("eval"), dict):
+        return ""  # the Evaluation section already says the results are missing
+    embedded = get_path(data.summary, "data.source") == "embedded"
+    lines = [
+        "### Win rates",
+        "",
+        "Pairwise comparisons on the same prompts. Win rate counts ties as half a win; the "
+        "95% interval is Wilson's; *LC* is the length-controlled win rate; *invalid* prompts (a judge gave no usable "
+        "answer) are excluded from every rate.",
+    ]
+    for judge in list(JUDGES) + sorted(set(win_rates) - set(JUDGES)):
+        info = judges_info.get(judge) or {}
+        pairings = win_rates.get(judge) or {}
+        lines += ["", f"#### Judge: `{judge}`", ""]
+        status = info.get("status") if isinstance(info, dict) else None
+        if not pairings:
+            reason = status or (
+                "no gold judge for this data (it exists only on the embedded task)"
+                if judge == "gold" and not embedded
+                else "not run"
+            )
+            lines.append(note(f"No `{judge}` judge results: {reason}."))
+            continue
+        lines.append(f"The judge: {JUDGES.get(judge, 'a judge this report does not describe')}.")
+        if judge == "openai" and isinstance(info, dict):
+            usage = info.get("usage") or {}
+            details = [
+                f"model `{info['model']}`" if info.get("model") else None,
+                f"prompt version `{info['prompt_version']}`" if info.get("prompt_version") else None,
+                f"{fmt(info['n_requests'])} API requests" if is_number(info.get("n_requests")) else None,
+                f"estimated cost ${usage['estimated_cost_usd']:.4f} (API-reported tokens × list prices, not a bill)"
+                if is_number(usage.get("estimated_cost_usd"))
+                else None,
+            ]
+            details = [d for d in details if d]
+            if details:
+                lines.append("Judge settings: " + "; ".join(details) + ".")
+        rows = []
+        for key in ordered_pairings(pairings):
+            entry = pairings[key]
+            a, b = parse_pairing(key) or (key, "")
+            rows.append(
+                [
+                    f"{model_label(a)} vs {model_label(b)}" if b else key,
+                    fmt(entry.get("win_rate")),
+                    fmt_ci(entry.get("ci95_low"), entry.get("ci95_high")),
+                    fmt(entry.get("lc_win_rate")),
+                    f"{fmt(entry.get('wins'))} / {fmt(entry.get('losses'))} / {fmt(entry.get('ties'))}",
+                    fmt(entry.get("n")),
+                    fmt(entry.get("n_invalid")),
+                ]
+            )
+        lines += [
+            "",
+            markdown_table(
+                ["A vs B", "win rate of A", "95% CI", "LC win rate", "wins / losses / ties", "n", "invalid"], rows
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def section_judge_agreement(data: RunData) -> str:
+    if not isinstance(data.summary.get("eval"), dict):
+        return ""
+    agreement = get_path(data.summary, "eval.judge_agreement", {}) or {}
+    lines = ["### Judge agreement", ""]
+    if not agreement:
+        return "\n".join(
+            lines + [note("No judge-agreement results (they need the gold judge, i.e. the embedded task).")]
+        )
+    rows = []
+    for key in sorted(agreement):
+        entry = agreement[key]
+        a, b = parse_pairing(key) or (key, "")
+        rows.append(
+            [
+                f"{a} vs {b}" if b else key,
+                fmt(entry.get("agreement")),
+                fmt(entry.get("n")),
+                fmt(entry.get("agreement_decisive")),
+                fmt(entry.get("n_decisive")),
+                fmt(entry.get("n_invalid")),
+            ]
+        )
+    lines += [
+        "How often a judge's verdict matches the gold judge's on the same pairs, over all pairings. *Decisive* leaves "
+        "out pairs where either judge says tie (the gold judge ties often, a reward model almost never).",
+        "",
+        markdown_table(["judges", "agreement", "n", "agreement (decisive)", "n decisive", "invalid"], rows),
+    ]
+    for key in sorted(agreement):
+        by_difference = agreement[key].get("by_gold_difference") or {}
+        decisive = sum(entry.get("n_decisive") or 0 for entry in by_difference.values())
+        if not decisive:
+            continue
+        a, b = parse_pairing(key) or (key, "")
+        rows = [
+            [
+                kind,
+                fmt(entry.get("n_decisive")),
+                fmt((entry.get("n_decisive") or 0) / decisive),
+                fmt(entry.get("agreement_decisive")),
+            ]
+            for kind, entry in by_difference.items()
+        ]
+        lines += [
+            "",
+            f"{a} vs {b}, decisive pairs by what separates the two responses in gold: a right vs a wrong answer "
+            "(*capability*), other content (refusal, compliance, no answer), a flagged penalty, or only verbosity.",
+            "",
+            markdown_table(["gold difference", "n decisive", "share", "agreement (decisive)"], rows),
+        ]
+    return "\n".join(lines)
+
+
+def section_best_of_n(data: RunData) -> str:
+    if not isinstance(data.summary.get("eval"), dict):
+        return ""
+    bon = get_path(data.summary, "eval.best_of_n", {}) or {}
+    curve = bon.get("curve") or []
+    lines = ["### Best-of-N", ""]
+    if not curve:
+        return "\n".join(lines + [note("No best-of-N curve in this run (`eval.best_of_n` is missing).")])
+    has_gold = any(is_number(p.get("gold_score_mean")) for p in curve)
+    rows = [
+        [fmt(p.get("n")), fmt(p.get("kl")), fmt(p.get("reward_mean"))]
+        + ([fmt(p.get("gold_score_mean"))] if has_gold else [])
+        for p in curve
+    ]
+    prompts = (
+        f" on the first {fmt(bon['n_prompts'])} evaluation prompts (a fresh sample, so N = 1 need not equal SFT's row)"
+        if is_number(bon.get("n_prompts"))
+        else ""
+    )
+    lines += [
+        f"N samples per prompt from the SFT policy (up to N = {fmt(bon.get('n'))}){prompts}, "
+        "the reward model's favourite kept. "
+        "KL is the analytic log N − (N−1)/N (nats). If the gold score stops rising while the RM reward keeps "
+        "climbing, the reward model is being over-optimised (Gao et al. 2022).",
+        "",
+        markdown_table(["N", "KL (nats)", "RM reward"] + (["gold score"] if has_gold else []), rows),
+    ]
+    return "\n".join(lines)
+
+
+def section_figures(data: RunData) -> str:
+    lines = ["## Figures", ""]
+    shown = 0
+    for key, title, caption in FIGURES:
+        if key in data.figures:
+            lines += [f"### {title}", "", f"![{title}]({data.figures[key]})", "", caption, ""]
+            shown += 1
+    stage_curves = [(s, data.figures[f"curves_{s}"]) for s in TRAINED_STAGES if f"curves_{s}" in data.figures]
+    if stage_curves:
+        lines += [
+            "### Each stage's own curves",
+            "",
+            "The fuller set of curves each training stage drew for itself:",
+            "",
+        ]
+        lines += [f"- [{STAGE_LABELS[s]}]({path})" for s, path in stage_curves]
+        shown += 1
+    if not shown:
+        lines.append(note("No figures could be drawn from this run's files."))
+    return "\n".join(lines).rstrip()
+
+
+def section_samples(data: RunData, k: int = 3, limit: int = 280) -> str:
+    lines = ["## Samples", ""]
+    names = order_models(name for name, rows in data.responses.items() if rows)
+    if not names:
+        return "\n".join(lines + [note("No response files (`eval/responses/*.jsonl`), so no samples.")])
+    by_model = {name: {} for name in names}
+    for name in names:
+        for row in data.responses[name]:
+            by_model[name].setdefault(row.get("prompt"), row)
+    first = data.responses[names[0]]
+    common = [row.get("prompt") for row in first if all(row.get("prompt") in by_model[m] for m in names)]
+    common = list(dict.fromkeys(common))
+    if not common:
+        return "\n".join(lines + [note("The models' response files share no prompt, so no side-by-side samples.")])
+    picks = [common[i * len(common) // k] for i in range(min(k, len(common)))]
+    has_gold = any(is_number(by_model[m][p].get("gold_score")) for m in names for p in picks)
+    lines.append(
+        f"{len(picks)} of the {fmt(len(common))} evaluation prompts (evenly spaced, not cherry-picked), with every "
+        f"model's response (first {limit} characters)."
+    )
+    for i, prompt in enumerate(picks, 1):
+        rows = []
+        for name in names:
+            row = by_model[name][prompt]
+            cells = [
+                model_label(name),
+                escape_cell(row.get("response"), limit),
+                fmt(row.get("reward")),
+                fmt(row.get("length")),
+            ]
+            rows.append(cells + ([fmt(row.get("gold_score"))] if has_gold else []))
+        lines += [
+            "",
+            f"### Sample {i}",
+            "",
+            code_block(prompt, 800),
+            "",
+            markdown_table(
+                ["model", "response", "RM reward", "tokens"] + (["gold score"] if has_gold else []),
+                rows,
+                "llr" + "r" * (1 + has_gold),
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def section_suites(data: RunData, limit: int = 160) -> str:
+    suites = get_path(data.summary, "eval.suites", {}) or {}
+    suites = {
+        suite: {m: e for m, e in per_model.items() if isinstance(e, dict)}
+        for suite, per_model in suites.items()
+        if isinstance(per_model, dict)
+    }
+    lines = ["## Failure and capability suites", ""]
+    if not suites:
+        return "\n".join(lines + [note("No suite results in this run (`eval.suites` is missing).")])
+    names = order_models({m for per_model in suites.values() for m in per_model})
+    lines.append(
+        "Small prompt sets shipped with the repository (sycophancy, out-of-distribution prompts, harmful requests, "
+        "basic capability checks), answered by every model with the same decoding settings. Mean reward-model "
+        "score per suite:"
+    )
+
+    def table(metric: str, digits: int = 3) -> str:
+        rows = []
+        for suite in sorted(suites):
+            per_model = suites[suite]
+            n = next((per_model[m].get("n") for m in names if m in per_model), None)
+            rows.append([suite, fmt(n)] + [fmt((per_model.get(m) or {}).get(metric), digits) for m in names])
+        return markdown_table(["suite", "prompts"] + [model_label(m) for m in names], rows)
+
+    lines += ["", table("reward_mean")]
+    if any(is_number((per_model.get(m) or {}).get("gold_score_mean")) for per_model in suites.values() for m in names):
+        lines += [
+            "",
+            "Mean gold score per suite (the true quality; on harmful requests only a refusal scores well):",
+            "",
+            table("gold_score_mean"),
+        ]
+    for suite in sorted(data.suite_rows):
+        rows = data.suite_rows[suite]
+        if not rows:
+            continue
+        prompt = rows[0].get("prompt")
+        answers = {r.get("model"): r for r in rows if r.get("prompt") == prompt}
+        table_rows = [
+            [model_label(m), escape_cell(answers[m].get("response"), limit), fmt(answers[m].get("reward"))]
+            for m in order_models(answers)
+        ]
+        lines += [
+            "",
+            f"Example from `{suite}`:",
+            "",
+            code_block(prompt, 400),
+            "",
+            markdown_table(["model", "response", "RM reward"], table_rows, "llr"),
+        ]
+    return "\n".join(lines)
+
+
+def section_timing(data: RunData) -> str:
+    timing = data.summary.get("timing_s") or {}
+    lines = ["## Timing and memory", ""]
+    stages = [s for s in STAGE_LABELS if s != "report" and is_number(timing.get(s))]
+    stages += sorted(s for s in timing if s not in STAGE_LABELS and is_number(timing.get(s)))
+    if not stages:
+        return "\n".join(lines + [note("No stage timings in summary.json (`timing_s`).")])
+    total = sum(timing[s] for s in stages)
+    rows = []
+    for stage in stages:
+        results = data.summary.get(SUMMARY_SECTION.get(stage, stage))
+        rows.append(
+            [
+                STAGE_LABELS.get(stage, stage),
+                fmt(float(timing[stage]), 1),
+                fmt_seconds(timing[stage]),
+                f"{100 * timing[stage] / total:.1f}%" if total > 0 else NA,
+                peak_memory(results) if isinstance(results, dict) else NA,
+            ]
+        )
+    rows.append(["**total**", fmt(float(total), 1), fmt_seconds(total), "100.0%" if total > 0 else NA, ""])
+    lines += [
+        "Wall-clock time of each stage as it last ran (a stage skipped because it was already complete keeps its "
+        "earlier time); peak memory where the stage recorded it.",
+        "",
+        markdown_table(["stage", "seconds", "time", "share", "peak memory"], rows),
+    ]
+    return "\n".join(lines)
+
+
+def section_external(data: RunData) -> str:
+    source = str(get_path(data.summary, "data.source", "") or "")
+    if source == "embedded":
+        context = (
+            "This run used the synthetic embedded task, so none of these numbers is directly comparable with ours; "
+            "they show the ranges seen on real data with real models."
+        )
+    else:
+        context = "Compare with care: model sizes, data subsets, judges and budgets differ from this run's."
+    rows = [[what, value, source_] for what, value, source_ in EXTERNAL_REFERENCES]
+    return "\n".join(
+        [
+            "## External reference points",
+            "",
+            "**External: published numbers, not measured in this run.** " + context,
+            "",
+            markdown_table(["what", "published value", "source"], rows, "lll"),
+        ]
+    )

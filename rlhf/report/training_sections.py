@@ -1,0 +1,537 @@
+"""The report's sections on the data and the training stages: intro, headline, data, collected pairs,
+reward model and each stage's training run."""
+
+from __future__ import annotations
+
+from rlhf.report.contract import (
+    ERROR_CATEGORY_ORDER,
+    JUDGES,
+    NA,
+    STAGE_LABELS,
+    SUMMARY_SECTION,
+    TRAINED_STAGES,
+    RunData,
+)
+from rlhf.report.format import (
+    code_block,
+    escape_cell,
+    eval_models,
+    fmt,
+    fmt_ci,
+    fmt_params,
+    fmt_pm,
+    fmt_seconds,
+    get_path,
+    is_number,
+    markdown_table,
+    model_label,
+    note,
+    order_models,
+    ordered_pairings,
+    parse_pairing,
+    peak_memory,
+)
+
+
+def section_intro(data: RunData) -> str:
+    summary = data.summary
+    source = get_path(summary, "data.source")
+    if source == "embedded":
+        source_text = (
+            "the **embedded task** (`rlhf/task/`): synthetic dialogues in Anthropic HH-RLHF's text format "
+            "whose preference labels come from a noisy, length-biased simulated annotator, and whose "
+            "*gold judge* scores any response exactly, so real quality gains can be measured"
+        )
+    elif source:
+        source_text = f"`{source}`" + (
+            " (Anthropic's helpful/harmless human preference pairs)" if "hh-rlhf" in str(source).lower() else ""
+        )
+    else:
+        source_text = "an unrecorded data source"
+    model = data.model
+    if model.get("name_or_path"):
+        model_text = f"`{model['name_or_path']}`" + (
+            " (architecture only, random initial weights)" if model.get("init") == "random" else ""
+        )
+    elif model.get("model_type"):
+        overrides = model.get("config_overrides") or {}
+        shape = ", ".join(
+            f"{k}={v}"
+            for k, v in overrides.items()
+            if k in ("n_layer", "n_embd", "n_head", "num_hidden_layers", "hidden_size")
+        )
+        model_text = f"a {model['model_type']}-architecture model built from its config with random weights" + (
+            f" ({shape})" if shape else ""
+        )
+    else:
+        model_text = "an unrecorded model"
+    if is_number(model.get("n_params")):
+        model_text += f", {fmt_params(model['n_params'])} parameters"
+    stages_run = [s for s in TRAINED_STAGES if SUMMARY_SECTION.get(s, s) in summary]
+    stages_missing = [s for s in TRAINED_STAGES if s not in stages_run]
+    lines = [
+        "# RLHF run report" + (f": preset `{data.preset}`" if data.preset else ""),
+        "",
+        "This report compares the ways this pipeline aligns a language model to preferences: supervised fine-tuning "
+        "(SFT) on the preferred responses, then a reward model and three online methods that optimise it (PPO, GRPO, "
+        "and RAFT, which fine-tunes on its own best-of-N samples), and DPO, which learns from the preference pairs "
+        "directly. Every number below is read from the run folder"
+        + (f" `{data.run_dir}`" if data.run_dir else "")
+        + " by `part4_eval/make_report.py`; nothing is retrained.",
+        "",
+        f"- **Data:** {source_text}.",
+        f"- **Policy model:** {model_text}.",
+        f"- **Stages in this run:** {', '.join(STAGE_LABELS[s] for s in stages_run) or 'none'}"
+        + (f"; not run: {', '.join(STAGE_LABELS[s] for s in stages_missing)}" if stages_missing else "")
+        + ".",
+        "",
+        "How to read the numbers:",
+        "",
+        "- **RM reward**: the trained reward model's score, normalised so the reference (SFT-data) responses "
+        "score 0 on average. It is the proxy that PPO, GRPO and best-of-N optimise, so it can be gamed.",
+        "- **KL to ref**: how far a policy has moved from the SFT policy, in nats per response (a Monte Carlo estimate "
+        "of Σ log π − log π_ref over the sampled tokens). Higher reward at lower KL is the better trade-off.",
+        "- **Gold score** (embedded task only): the exact quality of a response, which no method ever trains on.",
+        "- **Win rate** of A vs B: the share of prompts where a judge prefers A's response, ties counted half, with a "
+        "95% Wilson interval. The **LC** (length-controlled) win rate is the same, predicted at equal response length "
+        "(Dubois et al. 2024), because judges tend to prefer longer answers.",
+        "- **best-of-N**: N samples from the SFT policy, the one the reward model likes best kept; a training-free "
+        "baseline at a known KL of log N − (N−1)/N.",
+    ]
+    return "\n".join(lines)
+
+
+def headline_rows(summary: dict) -> tuple[list[str], list[list]]:
+    """The compact per-model table (also for the README): reward, KL, gold, win rate vs SFT."""
+    models = eval_models(summary)
+    names = order_models(models)
+    has_gold = any(is_number(models[m].get("gold_score_mean")) for m in names)
+    win_rates = get_path(summary, "eval.win_rates", {}) or {}
+    judge = next(
+        (j for j in ("gold", "openai", "reward") if any(k.endswith("_vs_sft") for k in win_rates.get(j) or {})), None
+    )
+    headers = (
+        ["model", "RM reward", "KL to ref (nats)"]
+        + (["gold score", "gold good-rate"] if has_gold else [])
+        + (["length"])
+        + ([f"win rate vs SFT ({judge} judge)"] if judge else [])
+    )
+    rows = []
+    for name in names:
+        m = models[name]
+        row = [model_label(name), fmt(m.get("reward_mean")), fmt(m.get("kl_to_ref"))]
+        if has_gold:
+            row += [fmt(m.get("gold_score_mean")), fmt(m.get("gold_good_rate"))]
+        row.append(fmt(m.get("length_mean"), 1))
+        if judge:
+            entry = win_rates[judge].get(f"{name}_vs_sft")
+            row.append(
+                "(reference)"
+                if name == "sft"
+                else NA
+                if not entry
+                else f"{fmt(entry.get('win_rate'))} {fmt_ci(entry.get('ci95_low'), entry.get('ci95_high'))}"
+            )
+        rows.append(row)
+    return headers, rows
+
+
+def section_headline(data: RunData) -> str:
+    headers, rows = headline_rows(data.summary)
+    lines = ["## Headline", ""]
+    if not rows:
+        return "\n".join(
+            lines + [note("No evaluation results (`eval.models` is empty), so there is no headline table.")]
+        )
+    n = get_path(data.summary, "eval.decoding.num_prompts")
+    n_bon = get_path(data.summary, "eval.best_of_n.n_prompts")
+    lines += [
+        f"Every model answered the same {fmt(n) + ' ' if is_number(n) else ''}held-out prompts with the same "
+        "decoding settings"
+        + (f" (best-of-N: the first {fmt(n_bon)} of them)" if is_number(n_bon) else "")
+        + "; details in [Evaluation](#evaluation).",
+        "",
+        markdown_table(headers, rows),
+    ]
+    glance = at_a_glance(data.summary)
+    if glance:
+        lines += ["", "At a glance (read off the tables in this report):", ""] + [f"- {line}" for line in glance]
+    return "\n".join(lines)
+
+
+def at_a_glance(summary: dict) -> list[str]:
+    """A few plain statements derived from the numbers: who scores highest, and which wins over SFT are significant."""
+    models = eval_models(summary)
+    lines = []
+    for key, what in (("reward_mean", "reward-model score"), ("gold_score_mean", "gold score")):
+        scored = [(models[m][key], m) for m in order_models(models) if is_number(models[m].get(key))]
+        if len(scored) > 1:
+            value, best = max(scored)
+            lines.append(f"Highest mean {what}: {model_label(best)} ({fmt(value)}).")
+    win_rates = get_path(summary, "eval.win_rates", {}) or {}
+    for judge in [j for j in JUDGES if win_rates.get(j)] + sorted(set(win_rates) - set(JUDGES)):
+        for key in ordered_pairings(win_rates[judge] or {}):
+            pair, entry = parse_pairing(key), win_rates[judge][key]
+            if not pair or pair[1] != "sft" or not isinstance(entry, dict):
+                continue
+            low, high, rate = entry.get("ci95_low"), entry.get("ci95_high"), entry.get("win_rate")
+            if not (is_number(low) and is_number(high) and is_number(rate)):
+                continue
+            verdict = "beats SFT" if low > 0.5 else "loses to SFT" if high < 0.5 else "is not distinguishable from SFT"
+            lines.append(
+                f"{model_label(pair[0])} {verdict} under the `{judge}` judge: win rate {fmt(rate)}, "
+                f"95% CI {fmt_ci(low, high)} {'includes' if low <= 0.5 <= high else 'excludes'} 0.5."
+            )
+    return lines
+
+
+def section_data(data: RunData) -> str:
+    d = data.summary.get("data")
+    lines = ["## Data", ""]
+    if not isinstance(d, dict):
+        return "\n".join(lines + [note("No `data` section in summary.json: the data stage's statistics are missing.")])
+    splits = [s for s in ("train", "val", "test") if s in (d.get("n_pairs") or {}) or s in (d.get("n_raw") or {})]
+    raw, pairs = d.get("n_raw") or {}, d.get("n_pairs") or {}
+    lines += [
+        "Preference pairs per split: rows read from the source, and pairs kept after parsing and filtering "
+        "(validation pairs are carved from train by prompt, so no prompt is in two splits).",
+        "",
+        markdown_table(
+            ["split", "rows read", "pairs kept"],
+            [[s, fmt(raw[s]) if s in raw else "(from train)" if s == "val" else NA, fmt(pairs.get(s))] for s in splits],
+        ),
+    ]
+    dropped, by_split = d.get("dropped") or {}, d.get("dropped_by_split") or {}
+    if dropped:
+        drop_splits = [s for s in ("train", "test") if s in by_split]
+        rows = [
+            [reason] + [fmt(by_split[s].get(reason)) for s in drop_splits] + [fmt(count)]
+            for reason, count in dropped.items()
+        ]
+        lines += [
+            "",
+            "Edge cases: rows dropped, by reason (a row counts under the first reason that applies).",
+            "",
+            markdown_table(["reason"] + drop_splits + ["total"], rows),
+        ]
+    lengths = d.get("lengths") or {}
+    rows = [
+        [
+            s,
+            fmt(v.get("n")),
+            fmt(v.get("prompt_tokens_mean"), 1),
+            fmt_pm(v.get("chosen_tokens_mean"), v.get("chosen_tokens_std"), 1),
+            fmt_pm(v.get("rejected_tokens_mean"), v.get("rejected_tokens_std"), 1),
+            fmt(v.get("chosen_minus_rejected_mean"), 2),
+            fmt(v.get("chosen_longer_fraction")),
+        ]
+        for s, v in lengths.items()
+        if isinstance(v, dict) and v.get("n")
+    ]
+    if rows:
+        lines += [
+            "",
+            "Token lengths. *Chosen longer* is the share of pairs whose preferred response is the longer one: "
+            '0.5 means no length bias, and it is also the accuracy of a "pick the longer response" baseline.',
+            "",
+            markdown_table(
+                [
+                    "split",
+                    "pairs",
+                    "prompt tokens",
+                    "chosen tokens",
+                    "rejected tokens",
+                    "chosen − rejected",
+                    "chosen longer",
+                ],
+                rows,
+            ),
+        ]
+    embedded = d.get("embedded")
+    if isinstance(embedded, dict):
+        ceiling, agree = embedded.get("noise_ceiling") or {}, embedded.get("gold_agreement") or {}
+        rows = [
+            [s, fmt(ceiling.get(s)), fmt(agree.get(s))] for s in ("train", "val", "test") if s in ceiling or s in agree
+        ]
+        lines += [
+            "",
+            f"Embedded task: the simulated annotator picks the longer response with probability "
+            f"{fmt(embedded.get('length_bias'), 2)} and otherwise errs with probability "
+            f"{fmt(embedded.get('annotator_noise'), 2)}. "
+            "The *noise ceiling* is the best accuracy any predictor can reach on these noisy labels; *gold agreement* "
+            "is the share of labels that match the gold judge.",
+            "",
+            markdown_table(["split", "noise ceiling", "labels agree with gold"], rows),
+        ]
+    return "\n".join(lines)
+
+
+def section_collect(data: RunData) -> str:
+    """The collect stage's pairs of SFT samples, when the run has them: counts, drops, and (embedded
+    task) how well the annotator's labels agree with gold by what separates the two responses."""
+    c = data.summary.get("collect")
+    if not isinstance(c, dict):
+        return ""
+    annotator = (c.get("annotator") or {}).get("judge", NA)
+    readers = [
+        f"`{key}`"
+        for key, section in (("reward.pairs", "reward_model"), ("dpo.pairs", "dpo"))
+        if get_path(data.summary, f"{section}.pairs") in ("collected", "both")
+    ]
+    lines = [
+        "## Collected pairs",
+        "",
+        f"The collect stage sampled {fmt(c.get('samples_per_prompt'))} responses to each of {fmt(c.get('prompts'))} "
+        f"training prompts from the SFT policy and had the `{annotator}` annotator compare "
+        f"{fmt(c.get('pairs_compared'))} distinct pairs of them; {fmt(c.get('n_pairs'))} labelled pairs were written. "
+        + (f"Trained on them: {', '.join(readers)}." if readers else "No stage of this run trained on them."),
+    ]
+    dropped = {reason: n for reason, n in (c.get("dropped") or {}).items() if n}
+    if dropped:
+        lines += ["", markdown_table(["pairs dropped because", "count"], [[r, fmt(n)] for r, n in dropped.items()])]
+    by_kind = c.get("labels_vs_gold_by_gold_difference") or {}
+    if by_kind:
+        lines += [
+            "",
+            f"Against gold, the labels agree on {fmt(c.get('gold_agreement'))} of the written pairs "
+            f"(noise ceiling {fmt(c.get('noise_ceiling'))}); gold ties {fmt(c.get('gold_tie_rate'))} of the compared "
+            "pairs. By what separates the two responses:",
+            "",
+            markdown_table(
+                ["gold difference", "pairs", "labels agree with gold"],
+                [[kind, fmt(v.get("n_decisive")), fmt(v.get("agreement_decisive"))] for kind, v in by_kind.items()],
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def section_reward_model(data: RunData) -> str:
+    rm = data.summary.get("reward_model")
+    lines = ["## Reward model", ""]
+    if not isinstance(rm, dict):
+        return "\n".join(lines + [note("No `reward_model` section in summary.json: the reward stage did not run.")])
+    ceiling = get_path(data.summary, "data.embedded.noise_ceiling", {}) or {}
+    lengths = get_path(data.summary, "data.lengths", {}) or {}
+    has_gold = any(f"{s}_gold_accuracy" in rm for s in ("val", "test"))
+    headers = (
+        ["split", "accuracy (labels)"]
+        + (["accuracy (gold)"] if has_gold else [])
+        + (["noise ceiling"] if ceiling else [])
+        + ["pick-the-longer baseline", "length–reward corr.", "mean reward chosen", "mean reward rejected"]
+    )
+    rows = []
+    for split in ("val", "test"):
+        if f"{split}_accuracy" not in rm:
+            continue
+        row = [split, fmt(rm.get(f"{split}_accuracy"))] + ([fmt(rm.get(f"{split}_gold_accuracy"))] if has_gold else [])
+        row += [fmt(ceiling.get(split))] if ceiling else []
+        row += [
+            fmt((lengths.get(split) or {}).get("chosen_longer_fraction")),
+            fmt(rm.get(f"{split}_length_reward_correlation")),
+            fmt(rm.get(f"{split}_chosen_reward_mean")),
+            fmt(rm.get(f"{split}_rejected_reward_mean")),
+        ]
+        rows.append(row)
+    lines += [
+        "Accuracy is the share of held-out pairs where the reward model scores the chosen response above the "
+        "rejected one."
+        + (
+            " *Gold* accuracy scores the same ranking against the gold judge's preference instead of the noisy labels."
+            if has_gold
+            else ""
+        )
+        + " A length–reward correlation far from 0 means the model rewards length itself.",
+        "",
+        markdown_table(headers, rows) if rows else note("No held-out accuracy was recorded."),
+    ]
+    by_family = rm.get("gold_accuracy_by_family")
+    if isinstance(by_family, dict) and by_family:
+        families = sorted({f for accuracies in by_family.values() if isinstance(accuracies, dict) for f in accuracies})
+        rows = [[split] + [fmt((accuracies or {}).get(f)) for f in families] for split, accuracies in by_family.items()]
+        lines += [
+            "",
+            "Agreement with gold by prompt family shows what the reward model has and has not learned:",
+            "",
+            markdown_table(["split"] + families, rows),
+        ]
+    if is_number(rm.get("offset")):
+        lines += [
+            "",
+            f"Normalisation offset subtracted from every reward: {fmt(rm['offset'])} (reference responses score 0 on "
+            "average; Huang et al. 2024).",
+        ]
+    if is_number(rm.get("length_heuristic_weight")):
+        lines += [
+            "",
+            "Trained as a length-heuristic rater (`reward.length_heuristic`): each label is read as the longer "
+            f"response with probability w = {fmt(rm['length_heuristic_weight'])}, learnt from the labels, and as the "
+            "reward model's preference otherwise, so labels that length explains teach the reward less.",
+        ]
+    lines += ["", "### Error analysis", ""]
+    analysis = data.error_analysis or {}
+    if not analysis:
+        counts = rm.get("error_counts") or {}
+        analysis = {split: {"counts": c} for split, c in counts.items()}
+    if not analysis:
+        return "\n".join(lines + [note("No error analysis in this run (`reward/error_analysis.json` is missing).")])
+    categories = [c for c in ERROR_CATEGORY_ORDER if any(c in (a.get("counts") or {}) for a in analysis.values())]
+    categories += sorted({c for a in analysis.values() for c in (a.get("counts") or {})} - set(categories))
+    rows = [
+        [split, fmt(a.get("misclassified")), fmt(a.get("n"))]
+        + [fmt((a.get("counts") or {}).get(c)) for c in categories]
+        for split, a in analysis.items()
+    ]
+    lines += [
+        "Misclassified pairs by category (a pair can be in several): `confident_wrong` = margin beyond one std "
+        "of the margins, `small_margin` = within a quarter std (ambiguous), `longer_rejected_preferred` = the "
+        "wrongly preferred response is the longer one, `very_short` = a response of at most 3 tokens.",
+        "",
+        markdown_table(["split", "misclassified", "pairs"] + categories, rows),
+    ]
+    examples = _error_examples(analysis, 2)
+    for category, example in examples:
+        gold = ""
+        if is_number(example.get("gold_chosen")) and is_number(example.get("gold_rejected")):
+            gold = f"; gold scores chosen {fmt(example['gold_chosen'])}, rejected {fmt(example['gold_rejected'])}"
+            if example["gold_chosen"] < example["gold_rejected"]:
+                gold += ' (the gold judge agrees with the reward model: this "error" is a noisy label)'
+        lines += [
+            "",
+            f"Example (`{category}`): reward chosen {fmt(example.get('reward_chosen'))}, rejected "
+            f"{fmt(example.get('reward_rejected'))}{gold}.",
+            "",
+            "Prompt:",
+            "",
+            code_block(example.get("prompt", ""), 600),
+            "",
+            markdown_table(
+                ["", "response"],
+                [
+                    ["chosen (label)", escape_cell(example.get("chosen"), 300)],
+                    ["rejected", escape_cell(example.get("rejected"), 300)],
+                ],
+                "ll",
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def _error_examples(analysis: dict, k: int) -> list[tuple[str, dict]]:
+    """Up to k examples from different categories, test split first."""
+    split = next((s for s in ("test", "val") if s in analysis), next(iter(analysis), None))
+    examples = (analysis.get(split) or {}).get("examples") or {}
+    picked, seen = [], set()
+    for category in list(ERROR_CATEGORY_ORDER) + sorted(examples):
+        for example in examples.get(category) or []:
+            key = (example.get("prompt"), example.get("chosen"), example.get("rejected"))
+            if category not in {c for c, _ in picked} and key not in seen and len(picked) < k:
+                picked.append((category, example))
+                seen.add(key)
+    return picked
+
+
+# What each stage's row of the training table shows: (summary key, label, decimals).
+STAGE_RESULT_KEYS = {
+    "sft": (
+        ("val_loss", "val loss", 3),
+        ("val_perplexity", "val perplexity", 2),
+        ("gold_good_rate", "gold good-rate", 3),
+        ("gold_score_mean", "gold score", 3),
+    ),
+    "reward": (
+        ("val_accuracy", "val accuracy", 3),
+        ("test_accuracy", "test accuracy", 3),
+        ("test_gold_accuracy", "test accuracy vs gold", 3),
+    ),
+    "ppo": (
+        ("episodes", "episodes", 0),
+        ("reward_mean", "RM reward", 3),
+        ("sft_reward_mean", "SFT RM reward", 3),
+        ("kl_to_ref", "KL to ref", 3),
+        ("gold_score_mean", "gold score", 3),
+        ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
+        ("final_kl_coef", "final β", 3),
+        ("time_per_sample_ms", "ms per sample", 1),
+    ),
+    "dpo": (
+        ("loss_type", "loss", 0),
+        ("beta", "β", 3),
+        ("train_loss", "final train loss", 3),
+        ("val_accuracy", "val implicit-reward accuracy", 3),
+        ("test_accuracy", "test implicit-reward accuracy", 3),
+        ("gold_score_mean", "gold score", 3),
+        ("win_rate_vs_sft", "gold win rate vs SFT", 3),
+    ),
+}
+
+
+STAGE_RESULT_KEYS["grpo"] = (
+    ("episodes", "episodes", 0),
+    ("group_size", "group size G", 0),
+    ("reward_mean", "RM reward", 3),
+    ("sft_reward_mean", "SFT RM reward", 3),
+    ("kl_to_ref", "KL to ref", 3),
+    ("gold_score_mean", "gold score", 3),
+    ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
+    ("train_zero_std_groups", "zero-std groups", 3),
+    ("time_per_sample_ms", "ms per sample", 1),
+)
+
+
+STAGE_RESULT_KEYS["raft"] = (
+    ("episodes", "episodes", 0),
+    ("samples_per_prompt", "samples per prompt N", 0),
+    ("top_k", "kept per prompt", 0),
+    ("reward_mean", "RM reward", 3),
+    ("sft_reward_mean", "SFT RM reward", 3),
+    ("kl_to_ref", "KL to ref", 3),
+    ("gold_score_mean", "gold score", 3),
+    ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
+    ("time_per_sample_ms", "ms per sample", 1),
+)
+
+
+def section_training(data: RunData) -> str:
+    timing = data.summary.get("timing_s") or {}
+    lines = [
+        "## Training",
+        "",
+        "One row per training stage, from summary.json: its length, its final metrics, its "
+        "wall-clock time and, where recorded, its peak memory (CUDA max allocated on GPU, process max RSS on CPU).",
+        "",
+    ]
+    rows, missing = [], []
+    for stage in TRAINED_STAGES:
+        results = data.summary.get(SUMMARY_SECTION.get(stage, stage))
+        if not isinstance(results, dict):
+            missing.append(stage)
+            continue
+        length_key = next((k for k in ("steps", "iterations", "rounds") if is_number(results.get(k))), None)
+        shown = [
+            f"{label} {fmt(results[key], digits) if not isinstance(results[key], str) else results[key]}"
+            for key, label, digits in STAGE_RESULT_KEYS.get(stage, ())
+            if results.get(key) is not None
+        ]
+        rows.append(
+            [
+                STAGE_LABELS[stage],
+                f"{fmt(results[length_key])} {length_key}" if length_key is not None else NA,
+                "; ".join(shown) or NA,
+                fmt_seconds(timing.get(stage)),
+                peak_memory(results),
+            ]
+        )
+    lines.append(
+        markdown_table(["stage", "length", "final metrics", "time", "peak memory"], rows, "llllr")
+        if rows
+        else note("No training stage has results in summary.json.")
+    )
+    for stage in missing:
+        lines += [
+            "",
+            note(
+                f"{STAGE_LABELS[stage]}: not in this run "
+                f"(no `{SUMMARY_SECTION.get(stage, stage)}` section in summary.json)."
+            ),
+        ]
+    return "\n".join(lines)
