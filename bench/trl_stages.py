@@ -9,8 +9,8 @@ folder's sft/ and reward/ models), batch and micro-batch sizes, number of steps,
 learning rate and gradient clipping as ours, and the settings a fair CPU user would pick:
 fp32 (`bf16=False`: TRL 1.x otherwise autocasts to bf16, tens of times slower on a CPU without
 bf16 units), no gradient checkpointing (TRL 1.x's default turns it on), DPO's reference log-probs
-precomputed (`precompute_ref_log_probs`), no logging or checkpoints, and the same number of torch
-threads as ours (`--threads`, taken from our run of the stage). TRL 1.x has no PPO trainer.
+precomputed (`precompute_ref_log_probs`), no logging or checkpoints. Torch threads: `--threads`
+(bench/vs_trl.py gives ours' count under its `equal` setting), else torch's default. TRL 1.x has no PPO trainer.
 GRPO: G = grpo.group_size completions per prompt, one generation batch of grpo.batch_size
 completions per optimizer step (micro-batches accumulated), k3 KL with beta = grpo.kl_coef against
 a reference copy, per-sequence normalisation (`loss_type="grpo"`, as grpo.loss_normalization=sequence),

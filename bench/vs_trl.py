@@ -4,15 +4,20 @@
     python3 -m venv /work/trl-venv && /work/trl-venv/bin/pip install -r bench/requirements-trl.txt
     PYTHONPATH=. nice -n 10 /work/trl-venv/bin/python bench/vs_trl.py --run outputs/tiny [--repeats 3] [--steps 10]
 
-Each repeat runs every stage once on each side, each in a fresh process, alternating which side
-goes first (ABAB, then BABA) so that a load that comes and goes on a shared machine falls on both;
-the ratio is of the medians over repeats. End to end is the stage's whole training work for
-(warm-up + steps) steps: optimizer set-up, the reference pass a method needs (DPO), every step; not
-model loading or tokenisation (TRL 1.x runs DPO's reference pass in its constructor; that pass is
-timed and counted). TRL gets the thread count ours chose (the idle cores when its stage started;
-the RL stages' `cpu_threads`). `--profile` adds one torch.profiler pass per side and stage
-(bench/profiling.py): positions computed and operator shares. Writes {"vs_trl": {stage: ratio}}
-(and per stage the seconds of each repeat, the command and the profile) into
+Each repeat runs every stage once on each side per thread setting, each in a fresh process,
+alternating which side goes first (ABAB, then BABA) so that a load that comes and goes on a shared
+machine falls on both; the ratio is of the medians over repeats. End to end is the stage's whole
+training work for (warm-up + steps) steps: optimizer set-up, the reference pass a method needs (DPO),
+every step; not model loading or tokenisation (TRL 1.x runs DPO's reference pass in its
+constructor; that pass is timed and counted).
+
+Threads (`--threads`, both by default): `default` runs each side at its own default, as a user
+would (ours: the preset's, one per core unless `<stage>.cpu_threads` says otherwise; TRL: torch's),
+and `equal` gives TRL the count ours ran with; every run's count is recorded. `OMP_NUM_THREADS=N`
+before the command pins both sides to N. `--profile` adds one torch.profiler pass per side and stage
+(bench/profiling.py, under the first `--threads` setting): positions computed and operator shares.
+Writes {"vs_trl": {stage: ratio}} (the first `--threads` setting's; per stage, every setting's
+ratio, the seconds and threads of each repeat, the command and the profile) into
 bench/results/<device>-<date>.json, updating only the stages run. TRL 1.x has no PPO trainer, so
 ppo is omitted.
 """
@@ -30,12 +35,23 @@ from pathlib import Path
 from run import REPO, device_name, measure_stage, write_results
 from trl_stages import TRL_STAGES
 
+THREAD_SETTINGS = ("default", "equal")  # each side at its own default; TRL at the count ours ran with
+
 
 def measure_trl(
-    stage: str, run: Path, preset: str, steps: int, warmup: int, threads: int, overrides: list[str], profile: bool
+    stage: str,
+    run: Path,
+    preset: str,
+    steps: int,
+    warmup: int,
+    threads: int | None,
+    overrides: list[str],
+    profile: bool,
 ) -> dict:
+    """TRL's `bench/trl_stages.py` result in a fresh process; threads None: torch's default."""
     command = [sys.executable, str(REPO / "bench" / "trl_stages.py"), stage, "--run", str(run), "--preset", preset]
-    command += ["--steps", str(steps), "--warmup", str(warmup), "--threads", str(threads), *overrides]
+    command += ["--steps", str(steps), "--warmup", str(warmup), *overrides]
+    command += ["--threads", str(threads)] if threads is not None else []
     command += ["--profile"] if profile else []
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     if done.returncode != 0:
@@ -64,6 +80,12 @@ def profile_table(stage: str, ours: dict, theirs: dict) -> str:
     return "\n".join(lines)
 
 
+def trl_threads(setting: str, ours_threads: list[int]) -> int | None:
+    """The thread count TRL is given under a `--threads` setting: none under `default` (torch's own
+    choice), under `equal` the count of ours' latest run of that setting."""
+    return ours_threads[-1] if setting == "equal" else None
+
+
 def main(argv: list[str] | None = None) -> None:
     import trl
 
@@ -75,6 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--stages", default=",".join(TRL_STAGES))
     parser.add_argument(
+        "--threads",
+        default=",".join(THREAD_SETTINGS),
+        help="thread settings, each timed in every repeat: default (each side's own), equal (TRL at ours' count)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="after the timed repeats, one torch.profiler pass per side of each offline stage (operator shares)",
@@ -83,40 +110,56 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
     args = parser.parse_intermixed_args(argv)  # overrides may follow the options
     run = args.run or REPO / "outputs" / args.preset
-    stages = args.stages.split(",")
-    seconds = {stage: {"ours": [], "trl": [], "ours_timed": [], "trl_timed": [], "threads": []} for stage in stages}
+    stages, settings = args.stages.split(","), args.threads.split(",")
+    if unknown := sorted(set(settings) - set(THREAD_SETTINGS)):
+        raise SystemExit(f"error: unknown --threads setting(s) {', '.join(unknown)}; choose from default, equal")
+    keys = ("ours", "trl", "ours_timed", "trl_timed", "ours_threads", "trl_threads")
+    seconds = {stage: {setting: {key: [] for key in keys} for setting in settings} for stage in stages}
     for repeat in range(args.repeats):
         for stage in stages:
-            sides = ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours")  # the first repeat sets `threads`
-            for side in sides:
-                if side == "ours":
-                    result = measure_stage(stage, run, args.preset, args.steps, args.warmup, args.overrides)
-                    threads = result["threads"]
-                    seconds[stage]["threads"].append(threads)
-                else:
-                    threads = seconds[stage]["threads"][-1]
-                    result = measure_trl(
-                        stage, run, args.preset, args.steps, args.warmup, threads, args.overrides, profile=False
-                    )
-                seconds[stage][side].append(result["total_s"])
-                seconds[stage][f"{side}_positions"] = result.get("profile", {}).get("positions")
-                seconds[stage][f"{side}_timed"].append(result["timed_s"])
-            s = seconds[stage]
-            print(
-                f"repeat {repeat + 1} {stage}: ours {s['ours'][-1]:.1f} s, TRL {s['trl'][-1]:.1f} s "
-                f"(threads {threads}); TRL/ours {s['trl'][-1] / s['ours'][-1]:.2f}",
-                flush=True,
-            )
-    ratios = {stage: statistics.median(s["trl"]) / statistics.median(s["ours"]) for stage, s in seconds.items()}
-    steady = {
-        stage: statistics.median(s["trl_timed"]) / statistics.median(s["ours_timed"]) for stage, s in seconds.items()
-    }
+            for setting in settings:
+                s = seconds[stage][setting]
+                # ABAB, then BABA; the first repeat runs ours first, so `equal` has a count to give TRL
+                for side in ("ours", "trl") if repeat % 2 == 0 else ("trl", "ours"):
+                    if side == "ours":
+                        result = measure_stage(stage, run, args.preset, args.steps, args.warmup, args.overrides)
+                    else:
+                        threads = trl_threads(setting, s["ours_threads"])
+                        result = measure_trl(
+                            stage, run, args.preset, args.steps, args.warmup, threads, args.overrides, profile=False
+                        )
+                    s[side].append(result["total_s"])
+                    s[f"{side}_positions"] = result.get("profile", {}).get("positions")
+                    s[f"{side}_timed"].append(result["timed_s"])
+                    s[f"{side}_threads"].append(result["threads"])
+                print(
+                    f"repeat {repeat + 1} {stage}, {setting} threads: ours {s['ours'][-1]:.1f} s "
+                    f"({s['ours_threads'][-1]} threads), TRL {s['trl'][-1]:.1f} s ({s['trl_threads'][-1]} threads); "
+                    f"TRL/ours {s['trl'][-1] / s['ours'][-1]:.2f}",
+                    flush=True,
+                )
+
+    def ratios(key: str) -> dict[str, dict[str, float]]:
+        """TRL's median seconds / ours, per stage and thread setting."""
+        return {
+            stage: {
+                setting: statistics.median(s[f"trl{key}"]) / statistics.median(s[f"ours{key}"])
+                for setting, s in by_setting.items()
+            }
+            for stage, by_setting in seconds.items()
+        }
+
+    end_to_end, steady = ratios(""), ratios("_timed")
     for stage in stages:
-        print(f"{stage}: TRL/ours end to end {ratios[stage]:.2f}, after warm-up {steady[stage]:.2f}")
+        for setting in settings:
+            print(
+                f"{stage}, {setting} threads: TRL/ours end to end {end_to_end[stage][setting]:.2f}, "
+                f"after warm-up {steady[stage][setting]:.2f}"
+            )
     profiles = {}
     if args.profile:
         for stage in stages:
-            threads = seconds[stage]["threads"][-1]
+            threads = trl_threads(settings[0], seconds[stage][settings[0]]["ours_threads"])
             profiles[stage] = {
                 "ours": measure_stage(stage, run, args.preset, args.steps, args.warmup, args.overrides, profile=True),
                 "trl": measure_trl(stage, run, args.preset, args.steps, args.warmup, threads, args.overrides, True),
@@ -127,8 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     per_stage = {
         stage: {
             "command": command,
+            "vs_trl": end_to_end[stage],  # per thread setting; the headline `vs_trl` is the first setting's
             "after_warmup": steady[stage],
-            "seconds": seconds[stage],
+            "seconds": seconds[stage],  # per thread setting: each repeat's seconds and both sides' thread counts
             **({"profile": {side: r["profile"] for side, r in profiles[stage].items()}} if stage in profiles else {}),
         }
         for stage in stages
@@ -138,13 +182,14 @@ def main(argv: list[str] | None = None) -> None:
     results = {
         "device": device_name(),
         "date": time.strftime("%Y-%m-%d"),
-        "vs_trl": {**earlier.get("vs_trl", {}), **ratios},
+        "vs_trl": {**earlier.get("vs_trl", {}), **{stage: end_to_end[stage][settings[0]] for stage in stages}},
         "vs_trl_details": {
             "trl_version": trl.__version__,
             "settings": "fp32 both sides; TRL: bf16=False, gradient_checkpointing=False, precompute_ref_log_probs "
             "(DPO; its reference pass, run in the trainer's constructor, is timed and counted), use_cpu, no "
             "logging/checkpoints; same data rows, batch/micro-batch sizes, steps, max lengths, lr and clipping; "
-            "torch threads as ours chose",
+            f"torch threads: {', '.join(settings)} (default: each side's own; equal: TRL at ours' count), "
+            f"vs_trl at {settings[0]}",
             "stages": {**earlier.get("vs_trl_details", {}).get("stages", {}), **per_stage},
         },
     }

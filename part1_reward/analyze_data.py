@@ -33,7 +33,7 @@ from rlhf.data import (
     write_jsonl,
 )
 from rlhf.errors import UserError
-from rlhf.models import check_model_sources, load_pretrained_tokenizer, train_tokenizer
+from rlhf.models import check_context_from_config, check_model_sources, load_pretrained_tokenizer, train_tokenizer
 from rlhf.plots import plot_length_distributions
 from rlhf.run import write_json_atomic
 
@@ -125,8 +125,15 @@ def source_stats(source: Source, splits, lengths, reasons) -> dict:
     }
 
 
+def startup_checks(cfg) -> None:
+    """Before any data loads: the model folders exist, and the data limits fit the model's positions (the
+    SFT stage would otherwise find out only after this stage ran)."""
+    check_model_sources(cfg.tokenizer, cfg.model)
+    check_context_from_config(cfg.model, cfg.data)
+
+
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("data", argv, check=lambda cfg: check_model_sources(cfg.tokenizer, cfg.model))
+    started = start_stage("data", argv, check=startup_checks)
     if started is None:
         return
     cfg, run = started
@@ -192,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
             "annotator_noise": spec.annotator_noise,
             "length_bias": spec.length_bias,
             "noise_ceiling": {name: task.noise_ceiling(rows) for name, rows in splits.items() if rows},
+            # over the pairs gold does not tie; the tied ones are labelled by length or a coin flip
             "gold_agreement": {name: task.gold_agreement(rows) for name, rows in splits.items() if rows},
+            "gold_tie_rate": {name: task.gold_tie_rate(rows) for name, rows in splits.items() if rows},
         }
 
     # 6. Write the processed splits, the tokenizer (atomically), stats and the figure.
@@ -223,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     if "embedded" in stats:
         print(
             "[data] embedded task: noise ceiling (test) "
-            f"{stats['embedded']['noise_ceiling'].get('test', float('nan')):.3f}"
+            f"{stats['embedded']['noise_ceiling'].get('test', float('nan')):.3f}; gold ties "
+            f"{stats['embedded']['gold_tie_rate'].get('train', float('nan')):.1%} of train pairs"
         )
 
 

@@ -9,11 +9,11 @@ This stage does that:
 2. sample `collect.samples_per_prompt` = K responses to each from the SFT policy at `collect.temperature`;
 3. pair them: all K(K-1)/2 pairs of a prompt, or a seeded `collect.pairs_per_prompt` of them; a pair of
    identical responses is dropped (reason `tie`, as in the data stage);
-4. have the annotator compare each pair through the pairwise judges of rlhf/judges.py:
+4. have the annotator compare each pair through the pairwise judges of rlhf/judges/:
    `simulated` (the embedded task's noisy, length-biased annotator over gold, with data.embedded's noise
-   and bias; equal gold scores are a tie), `openai` (the LLM judge of the `judge` section: both orders,
-   cached, retried, tokens and estimated cost counted) or `reward` (the reward model in
-   `collect.reward_model`). Ties and failed judgments are dropped and counted;
+   and bias; it labels every pair, a gold tie by length or a coin flip, as a real rater would), `openai`
+   (the LLM judge of the `judge` section: both orders, cached, retried, tokens and estimated cost counted)
+   or `reward` (the reward model in `collect.reward_model`). Ties and failed judgments are dropped and counted;
 5. apply the data stage's token limits and write the labelled pairs in its processed format.
 
 Reads `<run>/data/` and `<run>/sft/model/`. Writes `<run>/collect/`: train.jsonl (`{"prompt", "chosen",
@@ -245,8 +245,8 @@ def main(argv: list[str] | None = None) -> None:
 
     table = "  ".join(f"{reason}={count}" for reason, count in stats["dropped"].items() if count)
     line = f"[collect] {len(rows)} pairs from {len(items)} compared; dropped: {table or 'none'}"
-    if embedded:
-        line += f"; labels agree with gold on {stats['gold_agreement']:.3f}"
+    if embedded and stats["gold_agreement"] is not None:
+        line += f"; labels agree with gold on {stats['gold_agreement']:.3f} of the pairs gold does not tie"
     print(line + f" ({time.perf_counter() - t_start:.0f}s)")
 
 
@@ -259,19 +259,18 @@ def add_gold(rows: list[dict], items: list[tuple[str, str, str]], outcomes: list
         prompt, chosen, rejected = row["prompt"], row["chosen"], row["rejected"]
         gold_chosen, gold_rejected = task.gold_score(prompt, chosen), task.gold_score(prompt, rejected)
         row.update(gold_chosen=gold_chosen, gold_rejected=gold_rejected, family=task.parse_prompt(prompt).family)
-        if row["annotator"] == "simulated" and gold_chosen != gold_rejected:
-            chosen_is_better = gold_chosen > gold_rejected
-            better, worse = (chosen, rejected) if chosen_is_better else (rejected, chosen)
-            p = task.p_better(better, worse, spec.annotator_noise, spec.length_bias)
-            row["p_label"] = p if chosen_is_better else 1 - p
+        if row["annotator"] == "simulated":
+            row["p_label"] = task.p_first(
+                chosen, rejected, gold_chosen, gold_rejected, spec.annotator_noise, spec.length_bias
+            )
     details = [(task.gold_details(p, a), task.gold_details(p, b)) for p, a, b in items]
     gold_outcomes = [
         "A" if da["score"] > db["score"] else "B" if db["score"] > da["score"] else "tie" for da, db in details
     ]
     kinds = [task.gold_difference(da, db) for da, db in details]
     stats = {
-        "gold_agreement": task.gold_agreement(rows) if rows else None,
-        "gold_tie_rate": sum(kind is None for kind in kinds) / len(kinds) if kinds else None,
+        "gold_agreement": task.gold_agreement(rows) if rows else None,  # over the written pairs gold does not tie
+        "gold_tie_rate": sum(kind is None for kind in kinds) / len(kinds) if kinds else None,  # of the compared pairs
         "labels_vs_gold": agreement(outcomes, gold_outcomes),
         "labels_vs_gold_by_gold_difference": agreement_by_group(outcomes, gold_outcomes, kinds),
     }

@@ -34,6 +34,7 @@ from rlhf.models import (
 )
 from rlhf.plots import plot_reward_distributions, plot_training_curves
 from rlhf.reward_analysis import accuracy_by_group, error_analysis, pearson
+from rlhf.rl.stats import peak_memory_mb
 from rlhf.run import write_json_atomic
 from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator
@@ -194,11 +195,13 @@ def main(argv: list[str] | None = None) -> None:
     for split, scores in held_out.items():
         correct = [c > r for c, r in scores]
         results[f"{split}_accuracy"] = sum(correct) / len(correct)
-        if "gold_chosen" in rows[split][0]:
-            gold_better_is_chosen = [row["gold_chosen"] > row["gold_rejected"] for row in rows[split]]
-            agrees_with_gold = [ok == g for ok, g in zip(correct, gold_better_is_chosen)]
-            results[f"{split}_gold_accuracy"] = sum(agrees_with_gold) / len(correct)
-            by_family[split] = accuracy_by_group([row["family"] for row in rows[split]], agrees_with_gold)
+        decisive = [i for i, row in enumerate(rows[split]) if row.get("gold_chosen", 0) != row.get("gold_rejected", 0)]
+        if "gold_chosen" in rows[split][0] and decisive:  # gold accuracy: over the pairs gold does not tie
+            agrees_with_gold = [
+                correct[i] == (rows[split][i]["gold_chosen"] > rows[split][i]["gold_rejected"]) for i in decisive
+            ]
+            results[f"{split}_gold_accuracy"] = sum(agrees_with_gold) / len(decisive)
+            by_family[split] = accuracy_by_group([rows[split][i]["family"] for i in decisive], agrees_with_gold)
         lengths = [len(p.chosen_ids) for p in pairs[split]] + [len(p.rejected_ids) for p in pairs[split]]
         rewards = [c for c, _ in scores] + [r for _, r in scores]
         results[f"{split}_length_reward_correlation"] = pearson(lengths, rewards)
@@ -246,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         results["error_counts"] = {split: a["counts"] for split, a in analysis.items()}
         if by_family:
             results["gold_accuracy_by_family"] = by_family
+        results["peak_memory_mb"], results["peak_memory_source"] = peak_memory_mb(accelerator.device)
         run.update_summary({"reward_model": results, "timing_s": {"reward": round(time.perf_counter() - t_start, 2)}})
         run.mark_complete("reward", cfg, {"steps": loop["steps"]})
     logger.close()

@@ -26,6 +26,7 @@ from rlhf.lora import with_lora
 from rlhf.models import build_policy, check_fits_context, check_model_sources, load_tokenizer, token_logprobs
 from rlhf.ops import masked_sum
 from rlhf.plots import plot_training_curves
+from rlhf.rl.stats import peak_memory_mb
 from rlhf.rollout import SamplingConfig, sample_responses
 from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator, sft_batch_loss
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 2. Policy: pretrained, or the architecture with random weights; dropout off; LoRA adapters when enabled.
     model = with_lora(build_policy(cfg.model, tokenizer), cfg.model.lora)
-    check_fits_context(model.config, cfg.data)
+    check_fits_context(model.config, cfg.data, random_init=cfg.model.init == "random")
     accelerator.print(
         f"[sft] policy: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"
     )
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             run.stage("sft") / "curves.png",
             "SFT",
         )
+        results["peak_memory_mb"], results["peak_memory_source"] = peak_memory_mb(accelerator.device)
         run.update_summary({"sft": results, "timing_s": {"sft": round(time.perf_counter() - t_start, 2)}})
         run.mark_complete("sft", cfg, {"steps": loop["steps"]})
     logger.close()

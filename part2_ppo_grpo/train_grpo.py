@@ -54,6 +54,7 @@ from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
+from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
 
@@ -84,13 +85,14 @@ def main(argv: list[str] | None = None) -> None:
     if started is None:
         return
     cfg, run = started
+    seed = stage_seed(cfg, "grpo")  # run.method_seed when set (part4_eval/seeds.py)
     gcfg = cfg.grpo
     gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
     t_start = time.perf_counter()
 
     # 1. Reward source, prompts and batch-size rules (whole groups per process), checked before any model is loaded.
     reward_source = load_reward_source("grpo", gcfg.reward)
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, "grpo")
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("grpo", run, cfg, tokenizer, gcfg.eval_prompts)
     plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(prompts.train_ids), gcfg.group_size)
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             tokenizer,
             prompts,
             sampling,
-            cfg.run.seed,
+            seed,
             gcfg.forward_batch_size,
             accelerator,
             gold,
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
             len(prompts.train_ids),
             plan.prompts_per_iteration,
             iteration,
-            cfg.run.seed,
+            seed,
             rank,
             accelerator.num_processes,
             G,
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                 sampling,
                 gcfg.forward_batch_size,
                 row_seeds=sampling_seeds(
-                    cfg.run.seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
+                    seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
                 ),
             )
         mask = rollout.response_mask  # (N, T)
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
 
         # 4d. Epochs over minibatches; micro-batches weighted to reproduce the chosen normalisation over all processes.
         policy.train()
-        generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + iteration * 101 + rank)
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + iteration * 101 + rank)
         seen_logprobs = torch.zeros_like(mask, dtype=torch.float32) if on_policy else logprobs  # for the KL metric
         stats: dict[str, list[torch.Tensor]] = {}
         for _ in range(gcfg.epochs):
@@ -349,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer,
         prompts,
         sampling,
-        cfg.run.seed,
+        seed,
         gcfg.forward_batch_size,
         accelerator,
         gold,

@@ -74,6 +74,7 @@ from rlhf.rollout import (
     sampling_seeds,
     score_rollout,
 )
+from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_scheduler, make_accelerator, optimizer_step
 
@@ -117,13 +118,14 @@ def main(argv: list[str] | None = None) -> None:
     if started is None:
         return
     cfg, run = started
+    seed = stage_seed(cfg, "ppo")  # run.method_seed when set (part4_eval/seeds.py)
     pcfg = cfg.ppo
     gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
     t_start = time.perf_counter()
 
     # 1. Reward source, prompts and batch-size rules, checked before any model is loaded.
     reward_source = load_reward_source("ppo", pcfg.reward)
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, "ppo")
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("ppo", run, cfg, tokenizer, pcfg.eval_prompts)
     plan = plan_rl("ppo", pcfg, accelerator.num_processes, len(prompts.train_ids))
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             tokenizer,
             prompts,
             sampling,
-            cfg.run.seed,
+            seed,
             pcfg.forward_batch_size,
             accelerator,
             gold,
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         #     global batch samples from its own seed, so W processes draw what one process would.
         t0 = time.perf_counter()
         local_rows = local_prompt_rows(
-            len(prompts.train_ids), plan.prompts_per_iteration, iteration, cfg.run.seed, rank, accelerator.num_processes
+            len(prompts.train_ids), plan.prompts_per_iteration, iteration, seed, rank, accelerator.num_processes
         )
         model.eval()
         with accelerator.autocast():
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
                 sampling,
                 pcfg.forward_batch_size,
                 row_seeds=sampling_seeds(
-                    cfg.run.seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
+                    seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
                 ),
             )
         mask = rollout.response_mask  # (B, T)
@@ -239,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
         # 4d. PPO epochs over minibatches; micro-batches weighted by their share of the minibatch's tokens
         #     over all processes.
         model.train()
-        generator = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + iteration * 101 + rank)
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + iteration * 101 + rank)
         stats: dict[str, list[torch.Tensor]] = {}
         kl_stopped = False
         for _ in range(pcfg.epochs):
@@ -375,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer,
         prompts,
         sampling,
-        cfg.run.seed,
+        seed,
         pcfg.forward_batch_size,
         accelerator,
         gold,

@@ -43,6 +43,7 @@ from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, generate_rollout, score_rollout
+from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss, train_step
 
@@ -71,13 +72,14 @@ def main(argv: list[str] | None = None) -> None:
     if started is None:
         return
     cfg, run = started
+    seed = stage_seed(cfg, "raft")  # run.method_seed when set (part4_eval/seeds.py)
     rcfg = cfg.raft
     gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
     t_start = time.perf_counter()
 
     # 1. Reward source, prompts and derived sizes, checked before any model is loaded.
     reward_source = load_reward_source("raft", rcfg.reward)
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, "raft")
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("raft", run, cfg, tokenizer, rcfg.eval_prompts)
     plan = plan_raft(rcfg, accelerator.num_processes, len(prompts.train_ids))
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
             tokenizer,
             prompts,
             sampling,
-            cfg.run.seed,
+            seed,
             rcfg.eval_batch_size,
             accelerator,
             gold,
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
             len(prompts.train_ids),
             rcfg.prompts_per_round,
             round_index,
-            cfg.run.seed,
+            seed,
             rank,
             accelerator.num_processes,
             N,
@@ -186,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             epoch, position = divmod(step_in_round, finetune.steps_per_epoch)
             order = epoch_order(
                 lengths,
-                cfg.run.seed,
+                seed,
                 round_index * plan.epochs_per_round + epoch,
                 finetune.per_process,
                 rcfg.group_by_length,
@@ -287,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         tokenizer,
         prompts,
         sampling,
-        cfg.run.seed,
+        seed,
         rcfg.eval_batch_size,
         accelerator,
         gold,

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import resource
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,7 +42,6 @@ from safetensors.torch import save_file
 from rlhf import task
 from rlhf.batching import (
     EncodedPair,
-    chosen_longer,
     collate_shared_prompt_pairs,
     encode_pairs,
     encode_texts,
@@ -55,13 +52,15 @@ from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.config import Config
 from rlhf.data import read_jsonl, write_jsonl
+from rlhf.dpo import OnTheFlyReference, PrecomputedReference, Throughput, make_loss_fn, split_logps
 from rlhf.errors import UserError
 from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, length_heuristic_dpo_loss
-from rlhf.models import load_tokenizer, shared_prompt_response_logprobs
-from rlhf.ops import sequence_logps
+from rlhf.models import load_tokenizer
 from rlhf.plots import plot_training_curves
+from rlhf.rl.stats import head_to_head, peak_memory_mb
 from rlhf.rollout import SamplingConfig, sample_responses, sampling_seeds
+from rlhf.run import stage_seed
 from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator
 
@@ -108,64 +107,6 @@ def validate(cfg: Config) -> None:
         raise UserError("dpo.eval_prompts and dpo.temperature must be >= 0")
 
 
-# ----------------------------------------------------------------------------- log-probs
-
-
-def pair_logps(model, batch: dict, average: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chosen and rejected log-probs from ONE forward pass over the B rows of `collate_shared_prompt_pairs`,
-    `[prompt][chosen][rejected]` with the prompt computed once for both: sums over each response's own
-    columns (response + EOS, never prompt or pad), or means when `average` (IPO)."""
-    logprobs = shared_prompt_response_logprobs(model, batch)  # (B, T)
-    chosen_columns = batch["chosen_mask"] & ~batch["rejected_mask"]  # (B, T): the chosen response alone
-    rejected_columns = batch["rejected_mask"] & ~batch["chosen_mask"]
-    return sequence_logps(logprobs, chosen_columns, average), sequence_logps(logprobs, rejected_columns, average)
-
-
-def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accelerator, average: bool) -> torch.Tensor:
-    """(N, 2) [chosen, rejected] log-probs of every pair, in their original order; forward-only,
-    batched by length and sharded over processes."""
-
-    def score(batch_pairs):
-        batch = {k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()}
-        with accelerator.autocast():
-            chosen, rejected = pair_logps(model, batch, average)
-        return torch.stack([chosen, rejected], dim=1).float().cpu().tolist()  # (B, 2)
-
-    model.eval()
-    return torch.tensor(
-        forward_map(score, pairs, batch_size, accelerator, lengths=[shared_prompt_pair_length(p) for p in pairs])
-    )  # (N, 2)
-
-
-class PrecomputedReference:
-    """Reference log-probs looked up by pair index from the one forward-only pass."""
-
-    def __init__(self, logps: dict[str, torch.Tensor]):
-        self.logps = logps  # split -> (N, 2)
-
-    def batch(self, batch: dict, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.logps[split][batch["index"].cpu()].to(batch["input_ids"].device)  # (B, 2)
-        return rows[:, 0], rows[:, 1]
-
-    def split(self, split: str) -> torch.Tensor:
-        return self.logps[split]
-
-
-class OnTheFlyReference:
-    """The reference model kept in memory, scoring each batch as it comes (no autograd)."""
-
-    def __init__(self, model, average: bool, score_split: Callable[[object, str], torch.Tensor], accelerator):
-        self.model, self.average, self.score_split, self.accelerator = model.eval(), average, score_split, accelerator
-
-    @torch.no_grad()
-    def batch(self, batch: dict, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        with self.accelerator.autocast():
-            return pair_logps(self.model, batch, self.average)
-
-    def split(self, split: str) -> torch.Tensor:
-        return self.score_split(self.model, split)
-
-
 def weights_sha256(model_dir: Path) -> str:
     digest = hashlib.sha256()
     for path in sorted(model_dir.glob("*.safetensors")):
@@ -208,74 +149,6 @@ def save_ref_cache(path: Path, fingerprints: dict[str, str], logps: dict[str, to
     os.replace(tmp, path)  # a reader sees the old complete file or the new one, never half of one
 
 
-# ----------------------------------------------------------------------------- loss and meters
-
-
-def make_loss_fn(
-    loss_type: str,
-    beta: float,
-    label_smoothing: float,
-    reference,
-    extra_stats=lambda batch: {},
-    length_heuristic: float = 0.0,
-):
-    """fit()'s loss: policy log-probs (one concatenated forward) vs reference log-probs, through
-    the loss chosen from the table, or with `length_heuristic` > 0 (sigmoid only) the length-heuristic
-    rater's; the stats are the loss's own (rewards/*, logps/*) plus `extra_stats`."""
-    loss_impl, average = DPO_LOSSES[loss_type], DPO_AVERAGES_LOGPS[loss_type]
-
-    def loss_fn(model, batch):
-        policy_chosen, policy_rejected = pair_logps(model, batch, average)  # (B,), (B,)
-        ref_chosen, ref_rejected = reference.batch(batch, "train")  # (B,), (B,)
-        if length_heuristic:
-            loss, stats = length_heuristic_dpo_loss(
-                policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, chosen_longer(batch), length_heuristic
-            )
-        else:
-            loss, stats = loss_impl(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, label_smoothing)
-        return loss, {**stats, **extra_stats(batch)}
-
-    return loss_fn
-
-
-def peak_memory(device: torch.device) -> tuple[str, float]:
-    """(kind, MiB): CUDA peak allocated by tensors on GPU; the process's peak resident set on CPU."""
-    if device.type == "cuda":
-        return "cuda_max_allocated", torch.cuda.max_memory_allocated(device) / 2**20
-    return "cpu_max_rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-class Throughput:
-    """Non-pad policy tokens (chosen + rejected, all processes) per second since training began, and peak memory."""
-
-    def __init__(self, accelerator):
-        self.accelerator, self.tokens, self.start = accelerator, 0, time.perf_counter()
-        self.kind = peak_memory(accelerator.device)[0]
-
-    def __call__(self, batch: dict) -> dict[str, torch.Tensor]:
-        self.tokens += int(batch["attention_mask"].sum()) * self.accelerator.num_processes
-        rate = self.tokens / max(time.perf_counter() - self.start, 1e-9)
-        device = self.accelerator.device
-        return {
-            "tokens_per_s": torch.tensor(rate, device=device),
-            f"peak_memory_mb_{self.kind}": torch.tensor(peak_memory(device)[1], device=device),
-        }
-
-
-def head_to_head(scores: list[float], baseline_scores: list[float]) -> dict:
-    """Gold-judge comparison on the same prompts: win rate = (wins + 0.5 ties) / n."""
-    wins = sum(s > b for s, b in zip(scores, baseline_scores))
-    losses = sum(s < b for s, b in zip(scores, baseline_scores))
-    ties = len(scores) - wins - losses
-    return {
-        "win_rate": (wins + 0.5 * ties) / len(scores) if scores else float("nan"),
-        "wins": wins,
-        "losses": losses,
-        "ties": ties,
-        "n": len(scores),
-    }
-
-
 # ----------------------------------------------------------------------------- the stage
 
 
@@ -284,20 +157,19 @@ def main(argv: list[str] | None = None) -> None:
     if started is None:
         return
     cfg, run = started
+    seed = stage_seed(cfg, "dpo")  # run.method_seed when set (part4_eval/seeds.py)
     t_start = time.perf_counter()
     timing: dict[str, float] = {}
     dcfg = cfg.dpo
     average = DPO_AVERAGES_LOGPS[dcfg.loss_type]
 
     # 1. Pairs, tokenized once; a seeded subset of train when dpo.max_train_pairs is set.
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, "dpo")
     tokenizer = load_tokenizer(run.model_dir("sft"))
     rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in SPLITS if split != "train"}
     rows = {"train": run.training_pairs(dcfg.pairs), **rows}  # dpo.pairs: dataset, collected or both
     if dcfg.max_train_pairs is not None and dcfg.max_train_pairs < len(rows["train"]):
-        keep = torch.randperm(len(rows["train"]), generator=torch.Generator().manual_seed(cfg.run.seed))[
-            : dcfg.max_train_pairs
-        ]
+        keep = torch.randperm(len(rows["train"]), generator=torch.Generator().manual_seed(seed))[: dcfg.max_train_pairs]
         rows["train"] = [rows["train"][i] for i in sorted(keep.tolist())]
     rows = {split: split_rows for split, split_rows in rows.items() if split_rows}
     pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
@@ -328,10 +200,10 @@ def main(argv: list[str] | None = None) -> None:
         if missing and accelerator.is_main_process:
             save_ref_cache(cache_path, fingerprints, ref_logps)
         reference = PrecomputedReference(ref_logps)
-        accelerator.print(
-            f"[dpo] reference log-probs: {', '.join(cached_splits) or 'no split'} from {cache_path}, "
-            f"{', '.join(missing) or 'no split'} computed"
-        )
+        parts = [f"{', '.join(cached_splits)} read from {cache_path}"] if cached_splits else []
+        if missing:
+            parts.append(f"{', '.join(missing)} computed, cached in {cache_path}")
+        accelerator.print(f"[dpo] reference log-probs: {'; '.join(parts)}")
     else:
         reference = OnTheFlyReference(ref_model, average, score_split, accelerator)
     timing["ref_logps"] = time.perf_counter() - t0
@@ -352,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
                 out = sample_responses(model, tokenizer, ids, sampling, row_seeds=[seed for seed, _ in batch])
             return list(zip(out.texts, out.finished))
 
-        seeds = sampling_seeds(cfg.run.seed, 0, range(len(eval_prompts)))
+        seeds = sampling_seeds(seed, 0, range(len(eval_prompts)))
         return forward_map(sample, list(zip(seeds, eval_prompts)), dcfg.eval_batch_size, accelerator)
 
     t0 = time.perf_counter()
@@ -443,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         on_fresh_start=log_step_zero,  # after fit knows it is not resuming: a resumed run keeps its first row
     )
     timing["train"] = time.perf_counter() - t0
-    memory_kind, memory_mb = peak_memory(accelerator.device)
+    memory_mb, memory_source = peak_memory_mb(accelerator.device)
     last_train = next((row for row in reversed(logger.history) if "dpo/train/loss" in row), {})
 
     # 5. Held-out: implicit-reward accuracy vs the explicit reward model's, on the same pairs.
@@ -467,8 +339,9 @@ def main(argv: list[str] | None = None) -> None:
         "train_loss": last_train.get("dpo/train/loss"),
         "train_accuracy": last_train.get("dpo/train/rewards/accuracies"),
         "tokens_per_s": last_train.get("dpo/train/tokens_per_s"),
+        "train_tokens": throughput.tokens,  # what tokens_per_s counts: each pair's prompt once, both responses
         "peak_memory_mb": memory_mb,
-        "peak_memory_kind": memory_kind,
+        "peak_memory_source": memory_source,
     }
     for split in ("val", "test"):
         if split not in pairs:

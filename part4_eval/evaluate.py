@@ -30,12 +30,13 @@ from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
 from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
 from rlhf.rewards import text_scorer
 from rlhf.rl.held_out import EVAL_STREAM, sample_for_eval
+from rlhf.rl.stats import peak_memory_mb
 from rlhf.rollout import SamplingConfig
-from rlhf.run import write_json_atomic
+from rlhf.run import METHOD_STAGES, write_json_atomic
 from rlhf.training import make_accelerator
-from rlhf.winrates import agreement, agreement_by_group, length_controlled_win_rate
+from rlhf.winrates import holm_adjust, judge_agreements, length_controlled_win_rate
 
-POLICY_STAGES = ("ppo", "grpo", "raft", "dpo")
+POLICY_STAGES = METHOD_STAGES  # every alignment stage's policy, when it completed
 SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites; the embedded task has its own
 # Best-of-N's samples get seeds of their own: on the eval stream, row 0 (prompt 0's first sample) would share
 # its seed, and so its response, with SFT's answer to prompt 0.
@@ -326,7 +327,12 @@ def main(argv: list[str] | None = None) -> None:
             lengths_b = [len(ids) for ids in encode_texts(tokenizer, texts_b)]
             lc = length_controlled_win_rate(comparison.outcomes, lengths_a, lengths_b)
             key = f"{a}_vs_{b}"
-            win_rates[judge_name][key] = {**comparison.summary(), "lc_win_rate": lc["lc_win_rate"]}
+            win_rates[judge_name][key] = {
+                **comparison.summary(),
+                "lc_win_rate": lc["lc_win_rate"],
+                "lc_ci95_low": lc["lc_ci95_low"],
+                "lc_ci95_high": lc["lc_ci95_high"],
+            }
             records[judge_name][key] = comparison.to_dict()
             outcomes[judge_name][key] = comparison.outcomes
             if judge_name == "gold":
@@ -334,24 +340,18 @@ def main(argv: list[str] | None = None) -> None:
                     task.gold_difference(task.gold_details(p, ta), task.gold_details(p, tb))
                     for p, ta, tb in zip(common, texts_a, texts_b)
                 ]
-    judge_agreement = {}
-    other_judges = [name for name in judges if name != "gold"] if "gold" in outcomes else []
-    for judge_name in other_judges:
-        flat_judge, flat_gold, flat_differences = [], [], []
-        for key, judged in outcomes[judge_name].items():
-            flat_judge += judged
-            flat_gold += outcomes["gold"][key][: len(judged)]  # the LLM judge sees a prefix of the same prompts
-            flat_differences += gold_differences[key][: len(judged)]
-        judge_agreement[f"{judge_name}_vs_gold"] = {
-            **agreement(flat_judge, flat_gold),
-            "by_gold_difference": agreement_by_group(flat_judge, flat_gold, flat_differences),
-        }
+        # "<method> beats SFT" is claimed once per method: Holm-adjust that family's sign tests, per judge.
+        vs_sft = {k: v["sign_test_p"] for k, v in win_rates[judge_name].items() if k.endswith("_vs_sft")}
+        for key, p_holm in holm_adjust(vs_sft).items():
+            win_rates[judge_name][key]["sign_test_p_holm"] = p_holm
+    judge_agreement = judge_agreements(outcomes, gold_differences if "gold" in outcomes else None)
     judges_info = {name: combine_batch_info([r["info"] for r in records[name].values()]) for name in judges}
     judges_info |= {name: {"status": why} for name, why in skipped.items()}
     for name, why in skipped.items():
         print(f"[eval] judge {name} {why}")
 
     # 8. Publish.
+    memory_mb, memory_source = peak_memory_mb(device)
     write_json_atomic(out_dir / "win_rates.json", records)
     decoding = {
         "temperature": cfg.eval.temperature,
@@ -370,6 +370,8 @@ def main(argv: list[str] | None = None) -> None:
                 "judges": judges_info,
                 "suites": suites,
                 "decoding": decoding,
+                "peak_memory_mb": memory_mb,
+                "peak_memory_source": memory_source,
             },
             "timing_s": {"eval": round(time.perf_counter() - t_start, 2)},
         }

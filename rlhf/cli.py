@@ -64,7 +64,7 @@ def start_stage(
     """
     cfg, run, force = parse_stage_args(stage, argv)
     if run.is_complete(stage, cfg) and not force:
-        print(f"[{stage}] already complete for this config in {run.stage(stage)}; skipping (--force re-runs it)")
+        print(already_complete_line(stage, run))
         return None
     if check is not None:
         check(cfg)
@@ -76,6 +76,10 @@ def start_stage(
         shutil.rmtree(run.checkpoint_dir(stage), ignore_errors=True)
     run.stage(stage).mkdir(parents=True, exist_ok=True)
     return cfg, run
+
+
+def already_complete_line(stage: str, run: RunDir) -> str:
+    return f"[{stage}] already complete for this config in {run.stage(stage)}; skipping (--force re-runs it)"
 
 
 def check_writable(folder: Path) -> None:

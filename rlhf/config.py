@@ -29,6 +29,9 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 @dataclass
 class RunConfig:
     seed: int = 0  # base seed; each process adds its rank (Huang et al. 2024, detail: per-process seeds)
+    # the seed of the alignment stages alone (ppo, grpo, raft, dpo, online_dpo; rlhf.run.stage_seed), so that
+    # part4_eval/seeds.py can re-run them on the same data, SFT and reward model; None: run.seed
+    method_seed: int | None = None
     output_dir: str | None = None  # run folder; default outputs/<preset>
     mixed_precision: str = "no"  # "no" | "bf16" | "fp16" (passed to accelerate; bf16 on GPU)
     log_every: int = 10  # optimizer steps between metric lines
@@ -235,8 +238,8 @@ class RLConfig:
     # (fn(prompts, responses) -> list[float], e.g. rlhf.task:gold_rewards), or a weighted sum
     # "model + 0.5*package.module:function"
     reward: str = "model"
-    # torch intra-op threads when running on CPU; 0: torch's default (one per core). 1 is far faster on a CPU shared
-    # with other jobs
+    # torch intra-op threads when running on CPU; 0: torch's default (one per core). Fewer can be far faster while
+    # other jobs keep cores busy (the stage's `[cpu] only N of M cores idle` line); summary.json: cpu_threads.<stage>
     cpu_threads: int = 0
 
 
@@ -315,9 +318,36 @@ class RAFTConfig(TrainConfig):
     eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy, same seed and settings
     samples_every: int = 1  # rounds between appends of kept samples to samples.jsonl; 0: never
     num_samples: int = 4  # kept samples (prompt, response, score) appended each time
-    # torch intra-op threads when running on CPU; 0: torch's default (one per core). 1 is far faster on a CPU shared
-    # with other jobs
+    # torch intra-op threads when running on CPU; 0: torch's default (one per core). Fewer can be far faster while
+    # other jobs keep cores busy (the stage's `[cpu] only N of M cores idle` line); summary.json: cpu_threads.<stage>
     cpu_threads: int = 0
+
+
+@dataclass
+class OnlineDPOConfig(RLConfig):
+    """Online (iterative) DPO: each iteration samples `samples_per_prompt` responses to each of
+    batch_size / samples_per_prompt training prompts from the current policy, a judge makes each prompt's
+    samples a (chosen, rejected) pair, and one DPO step trains on those pairs (Guo et al. 2024, "Direct
+    Language Model Alignment from Online AI Feedback", arXiv 2402.04792; Xu et al. 2023, arXiv 2312.16682).
+    batch_size and total_episodes count responses, as in the RL stages; micro_batch_size counts pairs."""
+
+    lr: float = 5e-7  # Guo et al. 2024 use 5e-7 on PaLM 2; the tiny preset sets its own
+    epochs: int = 1  # DPO steps on each iteration's pairs (1: every step on fresh samples, as Guo et al.)
+    # key of rlhf.losses.DPO_LOSSES, beta, label_smoothing and length_heuristic: as the dpo section's
+    loss_type: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    length_heuristic: float = 0.0
+    samples_per_prompt: int = 2  # K responses per prompt; the judge's best and worst of them form the pair
+    # who labels the pairs: "reward" ranks the K samples by online_dpo.reward (the run's reward model by default,
+    # minus missing_eos_penalty for a response without EOS) and pairs the best with the worst; "simulated" or
+    # "openai" are the collect stage's pairwise annotators (data.embedded's simulated rater; the judge section's
+    # LLM), with samples_per_prompt=2
+    judge: str = "reward"
+    # pi_ref of the loss: "sft" (fixed, as Guo et al. 2024 and TRL's OnlineDPOTrainer: the KL anchor of every
+    # other method) or "iteration" (the policy that sampled the pairs, i.e. the iteration's start, as in
+    # iterative DPO, Xu et al. 2023: each step may move beta-far from the last, so the policy can drift further)
+    reference: str = "sft"
 
 
 @dataclass
@@ -351,6 +381,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     raft: RAFTConfig = field(default_factory=RAFTConfig)
+    online_dpo: OnlineDPOConfig = field(default_factory=OnlineDPOConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     judge: JudgeSettings = field(default_factory=JudgeSettings)

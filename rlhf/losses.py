@@ -71,9 +71,14 @@ def length_heuristic_bt_loss(
     chosen_rewards, rejected_rewards = upcast(chosen_rewards), upcast(rejected_rewards)
     weight = torch.as_tensor(heuristic_weight, dtype=chosen_rewards.dtype, device=chosen_rewards.device)
     reward_gap = chosen_rewards - rejected_rewards  # (B,)
-    heuristic = torch.log(weight) + torch.log(upcast(chosen_longer))  # log(w ℓ), −inf where ℓ = 0
-    careful = torch.log1p(-weight) + F.logsigmoid(reward_gap)  # log((1 − w) σ(r_c − r_r))
-    loss = -torch.logaddexp(heuristic, careful).mean()
+    longer = upcast(chosen_longer)  # (B,) ℓ
+    careful = torch.log1p(-weight) + F.logsigmoid(reward_gap)  # log((1 − w) σ(r_c − r_r)): log P where ℓ = 0
+    # Where ℓ > 0, P in linear space (float64, so σ underflows only past a gap of ~745), never through log w:
+    # at w = 0 that would give the w-gradient 0 · ∞; here it is (ℓ − σ) / P, finite.
+    sigma = torch.sigmoid(reward_gap.double())
+    mixture = ((1 - weight.double()) * sigma + weight.double() * longer.double()).clamp_min(1e-300)
+    log_p = torch.where(longer > 0, torch.log(mixture).to(careful.dtype), careful)  # (B,)
+    loss = -log_p.mean()
     stats = {
         "accuracy": (reward_gap > 0).float().mean(),
         "margin_mean": reward_gap.mean(),
@@ -122,7 +127,10 @@ def _dpo_stats(chosen_log_ratio, rejected_log_ratio, policy_chosen_logps, policy
         "rewards/chosen": chosen_rewards.mean(),
         "rewards/rejected": rejected_rewards.mean(),
         "rewards/margins": (chosen_rewards - rejected_rewards).mean(),
-        "rewards/accuracies": (chosen_rewards > rejected_rewards).float().mean(),
+        # a tie (e.g. the policy still equal to the reference) counts half, as chance: not as a wrong answer
+        "rewards/accuracies": (
+            (chosen_rewards > rejected_rewards).float() + 0.5 * (chosen_rewards == rejected_rewards).float()
+        ).mean(),
         "logps/chosen": upcast(policy_chosen_logps).detach().mean(),
         "logps/rejected": upcast(policy_rejected_logps).detach().mean(),
     }

@@ -198,17 +198,31 @@ def context_length(config) -> int | None:
     return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
 
 
-def check_fits_context(config, data_cfg: DataConfig) -> None:
+def check_fits_context(config, data_cfg: DataConfig, random_init: bool = False) -> None:
     """The longest sequence the data stage lets through (prompt + response + EOS) must fit the model's
-    positions; past them a training step fails on an index error, possibly hours in."""
+    positions; past them a training step fails on an index error, possibly hours in. With `random_init`
+    (the architecture built from its config) the fix may also be more positions."""
     context = context_length(config)
     longest = data_cfg.max_prompt_tokens + data_cfg.max_response_tokens + 1
     if context is not None and longest > context:
+        key = "n_positions" if getattr(config, "n_positions", None) else "max_position_embeddings"
         raise UserError(
             f"data.max_prompt_tokens={data_cfg.max_prompt_tokens} + data.max_response_tokens="
             f"{data_cfg.max_response_tokens} + 1 (EOS) = {longest} tokens exceeds the model's {context} positions; "
-            "lower them (and re-run the data stage) or use a model with a longer context"
+            "lower them (and re-run the data stage) or "
+            + (f"set model.config_overrides.{key}={longest}" if random_init else "use a model with a longer context")
         )
+
+
+def check_context_from_config(model_cfg: ModelConfig, data_cfg: DataConfig) -> None:
+    """`check_fits_context` at start-up, from the model's config alone (no weights, no tokenizer), so a pipeline
+    fails before its data stage rather than at SFT. Skipped when the config cannot be read here (a Hub model not
+    in the cache offline): the SFT stage, which needs it, then says why."""
+    try:
+        config = _architecture_config(model_cfg)
+    except UserError:
+        return
+    check_fits_context(config, data_cfg, random_init=model_cfg.init == "random")
 
 
 def load_policy(path: Path) -> nn.Module:

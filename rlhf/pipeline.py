@@ -3,8 +3,8 @@
     python -m rlhf.pipeline [--preset NAME | --config FILE] [--output-dir DIR] [--only a,b | --from STAGE]
                             [--force] [section.key=value ...]
 
-A stage that already completed for the same config skips itself, so re-running the pipeline
-after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
+A stage that already completed for the same config is skipped (without starting its process), so
+re-running the pipeline after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
 stage under a launcher, e.g. `accelerate launch --config_file configs/accelerate/ddp.yaml` or
 `torchrun --nproc_per_node 8` (README, "Many GPUs (accelerate)").
 """
@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 
-from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
+from rlhf.cli import REPO_ROOT, already_complete_line, parse_stage_args, run_stage
 from rlhf.errors import UserError
-from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed
+from rlhf.models import check_context_from_config
+from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed, write_json_atomic
 
 
 def select_stages(only: str | None, start: str | None, with_collect: bool = True) -> list[str]:
@@ -36,8 +37,30 @@ def select_stages(only: str | None, start: str | None, with_collect: bool = True
     if start:
         if start not in STAGES:
             raise UserError(f"unknown stage '{start}' in --from; stages are: {', '.join(STAGES)}")
-        return [stage for stage in available if STAGES.index(stage) >= STAGES.index(start)]
+        # `--from collect` names collect, so it runs even when no stage reads its pairs (as with --only)
+        return [stage for stage in STAGES[STAGES.index(start) :] if stage in available or stage == start]
     return available
+
+
+def resume_command(failed: str, stages: list[str], only: str | None, stage_args: list[str]) -> str:
+    """The command that re-runs the failed stage and the stages after it that this run was to run: `--only`
+    those stages when the run chose its stages with --only (--from would add stages it never asked for),
+    else `--from` the failed stage."""
+    selection = f"--only {','.join(stages[stages.index(failed) :])}" if only else f"--from {failed}"
+    return f"bash run_all.sh {selection} {shlex.join(stage_args)}".rstrip()
+
+
+def record_pipeline_total(run, seconds: float | None) -> None:
+    """`timing_s.pipeline_total`: the wall-clock seconds of an invocation that ran every stage of the pipeline
+    (process start-ups included); None removes it, as after an invocation that re-ran only some stages, whose
+    total would describe neither that run nor the stage timings beside it."""
+    if seconds is not None:
+        run.update_summary({"timing_s": {"pipeline_total": round(seconds, 2)}})
+        return
+    summary = run.read_summary()
+    if "pipeline_total" in summary.get("timing_s", {}):
+        del summary["timing_s"]["pipeline_total"]
+        write_json_atomic(run.summary_path, summary)
 
 
 def stage_command(stage: str, stage_args: list[str], launch: str) -> list[str]:
@@ -55,24 +78,36 @@ def main(argv: list[str] | None = None) -> None:
     if args.only and args.start:
         raise UserError("give --only or --from, not both")
     # Validate the config once, before any stage starts: a typo fails here, not an hour in.
-    cfg, run, _ = parse_stage_args("pipeline", stage_args)
+    cfg, run, force = parse_stage_args("pipeline", stage_args)
+    check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
     stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg))
     print(f"[pipeline] stages: {', '.join(stages)} -> {run.root}")
     pipeline_start = time.perf_counter()
+    ran = []
     for stage in stages:
+        if run.is_complete(stage, cfg) and not force:  # what the stage itself would decide, without its start-up
+            print(already_complete_line(stage, run))
+            continue
         started = time.perf_counter()
         result = subprocess.run(stage_command(stage, stage_args, os.environ.get("RLHF_LAUNCH", "")))
         if result.returncode != 0:
             print(
                 f"[pipeline] stage '{stage}' failed (exit {result.returncode}); fix it and resume with: "
-                f"bash run_all.sh --from {stage} {shlex.join(stage_args)}".rstrip(),
+                + resume_command(stage, stages, args.only, stage_args),
                 file=sys.stderr,
             )
             sys.exit(result.returncode)
+        ran.append(stage)
         print(f"[pipeline] {stage} done in {time.perf_counter() - started:.1f}s")
     total = time.perf_counter() - pipeline_start
-    run.update_summary({"timing_s": {"pipeline_total": round(total, 2)}})
-    print(f"[pipeline] finished in {total:.0f}s; results in {run.summary_path}")
+    if not ran:
+        print(f"[pipeline] every stage was already complete for this config; results in {run.summary_path}")
+        return
+    whole = not (args.only or args.start) and ran == stages
+    record_pipeline_total(run, total if whole else None)
+    print(
+        f"[pipeline] {'finished' if whole else 'ran ' + ', '.join(ran)} in {total:.0f}s; results in {run.summary_path}"
+    )
 
 
 if __name__ == "__main__":

@@ -96,8 +96,12 @@ REPORT_CURVE_KEYS = {
 }
 
 
+POINT_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*", "<", ">")
+
+
 def plot_reward_vs_kl(points: dict[str, dict], curve: list[dict], curve_label: str, path: Path) -> bool:
-    """Reward vs KL to the reference: one labelled point per model, best-of-N as a curve.
+    """Reward vs KL to the reference: one point per model, named in the legend (labels written beside the points
+    would overlap where models sit close, as they do near the SFT policy), best-of-N as a curve.
 
     points: label -> {"kl", "reward", "gold" (optional)}; curve: [{"kl", "reward", "gold" (optional), "n"}].
     A second panel with the gold score on y is drawn when any point or curve entry has one.
@@ -136,14 +140,13 @@ def plot_reward_vs_kl(points: dict[str, dict], curve: list[dict], curve_label: s
                         color="0.45",
                     )
         for i, (label, p) in enumerate(points.items()):
-            if usable(p, key):
-                ax.scatter([p["kl"]], [p[key]], s=40, zorder=2, color=f"C{i}")
-                ax.annotate(label, (p["kl"], p[key]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+            if usable(p, key):  # a marker of its own per model, so coinciding points stay apart
+                marker = POINT_MARKERS[i % len(POINT_MARKERS)]
+                ax.scatter([p["kl"]], [p[key]], s=40, zorder=2, color=f"C{i}", marker=marker, alpha=0.85, label=label)
         ax.set_xlabel("KL to reference (nats per response)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        if line:
-            ax.legend(fontsize=8, loc="best")
+        ax.legend(fontsize=8, loc="best")
     fig.suptitle("Reward vs KL: up and to the left is better")
     _save(fig, path)
     return True

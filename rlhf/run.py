@@ -30,7 +30,7 @@ from rlhf.config import Config, to_dict
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 
-STAGES = ("data", "sft", "collect", "reward", "ppo", "grpo", "raft", "dpo", "eval", "report")
+STAGES = ("data", "sft", "collect", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo", "eval", "report")
 
 # Config sections each stage reads (beyond `run.seed`), and the stages whose outputs it reads.
 STAGE_SECTIONS = {
@@ -42,6 +42,7 @@ STAGE_SECTIONS = {
     "grpo": ("grpo",),
     "raft": ("raft",),
     "dpo": ("dpo",),
+    "online_dpo": ("online_dpo", "judge"),  # the judge section configures online_dpo.judge=openai
     "eval": ("eval", "judge"),
     "report": (),  # reads no config section: only the run folder's files
 }
@@ -54,7 +55,9 @@ STAGE_INPUTS = {
     "grpo": ("data", "sft", "reward"),
     "raft": ("data", "sft", "reward"),
     "dpo": ("data", "sft"),  # runs after reward in the chain, but never reads the reward model; "collect" as reward
-    "eval": ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo"),  # evaluates whichever policies completed
+    "online_dpo": ("data", "sft", "reward"),
+    # evaluates whichever policies completed
+    "eval": ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo"),
     "report": ("eval",),  # eval's fingerprint covers every earlier stage
 }
 STAGE_SCRIPTS = {
@@ -66,11 +69,20 @@ STAGE_SCRIPTS = {
     "grpo": "part2_ppo_grpo/train_grpo.py",
     "raft": "part2_ppo_grpo/train_raft.py",
     "dpo": "part3_dpo/train_dpo.py",
+    "online_dpo": "part3_dpo/train_online_dpo.py",
     "eval": "part4_eval/evaluate.py",
     "report": "part4_eval/make_report.py",
 }
+METHOD_STAGES = ("ppo", "grpo", "raft", "dpo", "online_dpo")  # the alignment stages: run.method_seed seeds them
 COMPLETE_FILE = "complete.json"
 PAIR_READERS = ("reward", "dpo")  # stages whose `pairs` setting may read the collect stage's pairs
+
+
+def stage_seed(cfg: Config, stage: str) -> int:
+    """The seed `stage` runs with: run.method_seed for the alignment stages when it is set, else run.seed."""
+    if stage in METHOD_STAGES and cfg.run.method_seed is not None:
+        return cfg.run.method_seed
+    return cfg.run.seed
 
 
 def stage_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
@@ -121,7 +133,7 @@ class RunDir:
     def fingerprint(self, stage: str, cfg: Config) -> str:
         tree = to_dict(cfg)
         payload = {
-            "seed": cfg.run.seed,
+            "seed": stage_seed(cfg, stage),
             "mixed_precision": cfg.run.mixed_precision,
             "sections": {section: tree[section] for section in STAGE_SECTIONS[stage]},
             "inputs": {name: self.fingerprint(name, cfg) for name in stage_inputs(stage, cfg)},
@@ -174,11 +186,18 @@ class RunDir:
     def update_summary(self, updates: dict) -> None:
         """Write `updates` into summary.json, atomically. Each section (a stage's results) replaces the
         old one whole, so a re-run stage leaves nothing of an earlier run behind; `timing_s` holds one
-        entry per stage, and its entries are merged."""
+        entry per stage, and its entries are merged. A stage's `timing_s` entry comes with its
+        `cpu_threads` entry: the torch intra-op threads of the process writing it, which the stage ran
+        with (a different count changes the last bits of float reductions, so it belongs with the numbers)."""
         summary = self.read_summary()
         for key, value in updates.items():
             if key == "timing_s":
                 summary[key] = {**summary.get(key, {}), **value}
+                if stages := [name for name in value if name in STAGE_SCRIPTS]:
+                    import torch
+
+                    threads = {name: torch.get_num_threads() for name in stages}
+                    summary["cpu_threads"] = {**summary.get("cpu_threads", {}), **threads}
             else:
                 summary[key] = value
         write_json_atomic(self.summary_path, summary)

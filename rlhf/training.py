@@ -29,7 +29,7 @@ from rlhf.errors import UserError
 from rlhf.faults import fault_point
 from rlhf.losses import sft_loss
 from rlhf.models import token_logprobs
-from rlhf.run import RunDir
+from rlhf.run import RunDir, stage_seed
 from rlhf.signals import checkpoint_due, defer_stops, stop_if_requested
 from rlhf.tracking import MetricLogger
 
@@ -81,9 +81,10 @@ def warn_if_cpu_shared(accelerator: Accelerator) -> None:
         )
 
 
-def make_accelerator(cfg: Config) -> Accelerator:
-    """One Accelerator per stage; each process gets its own seed (Huang et al. 2024, detail 13), and
-    on CPU, advice on threads when other jobs share the cores (`warn_if_cpu_shared`)."""
+def make_accelerator(cfg: Config, stage: str | None = None) -> Accelerator:
+    """One Accelerator per stage; each process gets its own seed (Huang et al. 2024, detail 13), from
+    `stage_seed(cfg, stage)` (run.method_seed for an alignment stage), and on CPU, advice on threads when
+    other jobs share the cores (`warn_if_cpu_shared`)."""
     if cfg.run.mixed_precision not in ("no", "bf16", "fp16"):
         raise UserError(f"run.mixed_precision must be 'no', 'bf16' or 'fp16', got '{cfg.run.mixed_precision}'")
     if cfg.run.mixed_precision != "no" and not torch.cuda.is_available():
@@ -93,7 +94,7 @@ def make_accelerator(cfg: Config) -> Accelerator:
     # cpu=True when there is no GPU: only then does accelerate join torchrun's processes into a
     # gloo group (MULTI_CPU) instead of running each one alone.
     accelerator = Accelerator(mixed_precision=cfg.run.mixed_precision, cpu=not torch.cuda.is_available())
-    set_seed(cfg.run.seed, device_specific=True)
+    set_seed(cfg.run.seed if stage is None else stage_seed(cfg, stage), device_specific=True)
     warn_if_cpu_shared(accelerator)
     return accelerator
 
@@ -292,7 +293,7 @@ def fit(
     rank = accelerator.process_index
     while step < plan.total_steps:
         epoch, position = divmod(step, plan.steps_per_epoch)
-        order = epoch_order(lengths, cfg.run.seed, epoch, tcfg.batch_size, tcfg.group_by_length)
+        order = epoch_order(lengths, stage_seed(cfg, stage), epoch, tcfg.batch_size, tcfg.group_by_length)
         global_batch = order[position * tcfg.batch_size : (position + 1) * tcfg.batch_size]
         local = global_batch[rank * plan.per_process : (rank + 1) * plan.per_process]
         micro_batches = [

@@ -10,10 +10,15 @@ The fake server is a deterministic judge driven by markers in the text it is sen
   RATE429                           429 on the first attempt of each request, then an answer
   FAIL500                           500 while `server.fail_500` is on (the body echoes the
                                     Authorization header, so error messages contain the key)
-  SLOW / ALWAYS_SLOW                sleep longer than the client timeout on the first / every attempt
+  SLOW / ALWAYS_SLOW                sleep SLOW_S before answering (any status) on the first / every
+                                    attempt: longer than a short client timeout
   AUTH401                           401
-Every answer reports usage: 100 prompt tokens, 10 completion tokens. Subclasses may override
-`respond` for other answers.
+  HUGE                              a 1 MB rationale before the Winner line (a server ignoring max_tokens)
+  CUT_BODY / CUT_FIRST              on every / the first attempt: headers announcing the whole answer,
+                                    half of it, then the connection closes (a response cut off mid-body)
+Every answer reports usage: 100 prompt tokens, 10 completion tokens. `server.padding = n` puts n
+characters before every answer's Winner line. Subclasses may override `respond` (the answer) and
+`cut_off` (whether to drop it mid-body).
 """
 
 import http.server
@@ -29,6 +34,7 @@ from rlhf import judges as J
 KEY = "sk-test-DISTINCTIVE-5e1b0c7a9d"
 PROMPT_TOKENS, COMPLETION_TOKENS = 100, 10
 SLOW_S = 1.5
+HUGE_CHARS = 1_000_000
 
 
 class FakeOpenAI:
@@ -36,6 +42,7 @@ class FakeOpenAI:
         self.requests = []  # (path, authorization header, JSON body)
         self.attempts = Counter()  # user message -> requests seen
         self.fail_500 = True
+        self.padding = 0  # characters of rationale before every answer's Winner line
         self.lock = threading.Lock()
         fake = self
 
@@ -51,14 +58,16 @@ class FakeOpenAI:
                 status, payload, delay = fake.respond(user, attempt, auth, body["model"])
                 time.sleep(delay)
                 data = json.dumps(payload).encode()
+                cut = fake.cut_off(user, attempt)
                 try:
                     self.send_response(status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
-                    self.wfile.write(data)
+                    self.wfile.write(data[: len(data) // 2] if cut else data)
                 except (BrokenPipeError, ConnectionResetError):  # the client timed out and left
                     pass
+                self.close_connection = cut or self.close_connection  # a cut: close with the body half sent
 
             def log_message(self, *args):
                 pass
@@ -87,13 +96,13 @@ class FakeOpenAI:
     def respond(self, user: str, attempt: int, auth: str, model: str) -> tuple[int, dict, float]:
         first = user.split("[Response A]")[1].split("[Response B]")[0]
         second = user.split("[Response B]")[1].split("Explain your decision")[0]
-        if "AUTH401" in user:
-            return 401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}, 0.0
-        if "FAIL500" in user and self.fail_500:
-            return 500, {"error": {"message": f"upstream failed for {auth}", "type": "server_error"}}, 0.0
-        if "RATE429" in user and attempt == 1:
-            return 429, {"error": {"message": "Rate limit reached", "type": "requests"}}, 0.0
         delay = SLOW_S if ("SLOW" in user and attempt == 1) or "ALWAYS_SLOW" in user else 0.0
+        if "AUTH401" in user:
+            return 401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}, delay
+        if "FAIL500" in user and self.fail_500:
+            return 500, {"error": {"message": f"upstream failed for {auth}", "type": "server_error"}}, delay
+        if "RATE429" in user and attempt == 1:
+            return 429, {"error": {"message": "Rate limit reached", "type": "requests"}}, delay
         if "MALFORMED_FIRST" in first or "MALFORMED" in user.replace("MALFORMED_FIRST", ""):
             content = "Both responses have merits and I cannot decide."
         elif "BIASED" in user:
@@ -101,7 +110,14 @@ class FakeOpenAI:
         else:
             a, b = "GOOD" in first, "GOOD" in second
             content = "Only one is correct.\nWinner: " + ("A" if a and not b else "B" if b and not a else "tie")
+        padding = HUGE_CHARS if "HUGE" in user else self.padding
+        if padding:
+            content = "Let me think. " + "x" * padding + "\n" + content
         return 200, self.completion(model, content), delay
+
+    def cut_off(self, user: str, attempt: int) -> bool:
+        """Whether this answer breaks off mid-body (CUT_BODY: every attempt, CUT_FIRST: the first)."""
+        return "CUT_BODY" in user or ("CUT_FIRST" in user and attempt == 1)
 
     def close(self):
         self.httpd.shutdown()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,6 +38,38 @@ def test_harness_runs_one_step_of_every_stage(tiny_run, tmp_path):
             assert rates["tokens_per_s"] > 0
     table = path.with_suffix(".md").read_text()
     assert all(f"| {stage} |" in table for stage in STAGES)
+
+
+def test_vs_trl_runs_both_sides_at_their_defaults_and_at_equal_threads(tmp_path, monkeypatch):
+    """Both thread settings in every repeat, with both sides' counts recorded; the headline ratio is at the
+    defaults. Ours here is pinned to 1 thread (as `<stage>.cpu_threads=1` would), TRL's default is 2."""
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import vs_trl
+
+    trl_given = []
+
+    def ours(stage, run, preset, steps, warmup, overrides, profile=False):
+        return {"total_s": 2.0, "timed_s": 1.0, "threads": 1}
+
+    def trl(stage, run, preset, steps, warmup, threads, overrides, profile):
+        trl_given.append(threads)
+        return {"total_s": 3.0 if threads is None else 4.0, "timed_s": 1.5, "threads": threads or 2}
+
+    monkeypatch.setattr(vs_trl, "measure_stage", ours)
+    monkeypatch.setattr(vs_trl, "measure_trl", trl)
+    monkeypatch.setitem(sys.modules, "trl", SimpleNamespace(__version__="test"))
+    vs_trl.main(["--run", str(tmp_path), "--stages", "sft", "--repeats", "2", "--out", str(tmp_path)])
+
+    assert trl_given == [None, 1, None, 1]  # default: torch's own count; equal: ours'
+    [path] = tmp_path.glob("*.json")
+    results = json.loads(path.read_text())
+    assert results["vs_trl"] == {"sft": 1.5}  # at the defaults
+    details = results["vs_trl_details"]["stages"]["sft"]
+    assert details["vs_trl"] == {"default": 1.5, "equal": 2.0}
+    threads = {
+        setting: {side: s[f"{side}_threads"] for side in ("ours", "trl")} for setting, s in details["seconds"].items()
+    }
+    assert threads == {"default": {"ours": [1, 1], "trl": [2, 2]}, "equal": {"ours": [1, 1], "trl": [1, 1]}}
 
 
 def test_step_profile_counts_positions_only_while_started_and_shares_sum_to_one():

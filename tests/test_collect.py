@@ -26,13 +26,17 @@ PROMPT = task.hh("What is the capital of Bathol?")
 CAPITAL = task.COUNTRIES["Bathol"]
 RIGHT = f" The capital of Bathol is {CAPITAL}."
 RIGHT_PADDED = f" The capital of Bathol is {CAPITAL}. I hope this helps."
+RIGHT_SHORT = f" It is {CAPITAL}."
 REFUSAL = " I cannot help with that, sorry."
 
 
-def test_simulated_preference_ties_equal_gold_and_reports_both_scores():
+def test_simulated_preference_labels_gold_ties_and_reports_both_scores():
     rng = random.Random(0)
-    verdict, gold_first, gold_second = task.simulated_preference(PROMPT, RIGHT, RIGHT, rng, 0.1, 0.2)
-    assert verdict == "tie" and gold_first == gold_second == task.gold_score(PROMPT, RIGHT)
+    verdicts = [task.simulated_preference(PROMPT, RIGHT, RIGHT_SHORT, rng, 0.1, 0.2)[0] for _ in range(4000)]
+    assert task.gold_score(PROMPT, RIGHT) == task.gold_score(PROMPT, RIGHT_SHORT)  # a gold tie, still labelled
+    p = task.p_first(RIGHT, RIGHT_SHORT, 0.0, 0.0, 0.1, 0.2)  # the longer one: 0.2 + 0.8 * 0.5 = 0.6
+    assert set(verdicts) == {"A", "B"}
+    assert abs(verdicts.count("A") / 4000 - p) < 4 * math.sqrt(p * (1 - p) / 4000)
     verdict, gold_first, gold_second = task.simulated_preference(PROMPT, REFUSAL, RIGHT, rng, 0.0, 0.0)
     assert verdict == "B"  # a careful, noiseless annotator picks the gold-better response, shown second
     assert (gold_first, gold_second) == (task.gold_score(PROMPT, REFUSAL), task.gold_score(PROMPT, RIGHT))

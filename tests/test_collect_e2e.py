@@ -57,16 +57,19 @@ def test_simulated_annotator_pairs_train_the_reward_model_and_dpo(tiny_run, tmp_
     )
     assert rows and all(row["prompt"] in train_prompts and row["chosen"] != row["rejected"] for row in rows)
 
-    # Gold on every row, as the data stage writes it; the simulated annotator never labels a gold tie.
+    # Gold on every row, as the data stage writes it; the simulated annotator labels gold ties too (gold never
+    # filters what the methods train on), so it never says "tie".
     for row in rows:
         assert row["annotator"] == "simulated"
         assert row["gold_chosen"] == task.gold_score(row["prompt"], row["chosen"])
         assert row["gold_rejected"] == task.gold_score(row["prompt"], row["rejected"])
-        assert row["gold_chosen"] != row["gold_rejected"] and 0 < row["p_label"] < 1
+        assert 0 < row["p_label"] < 1
+    decisive = [r for r in rows if r["gold_chosen"] != r["gold_rejected"]]
+    assert 0 < len(decisive) < len(rows)  # the SFT policy's samples often tie in gold: those pairs are kept
     assert stats["gold_agreement"] == pytest.approx(
-        sum(r["gold_chosen"] > r["gold_rejected"] for r in rows) / len(rows)
+        sum(r["gold_chosen"] > r["gold_rejected"] for r in decisive) / len(decisive)
     )
-    assert stats["dropped"]["annotator_tie"] == round(stats["gold_tie_rate"] * stats["pairs_compared"])
+    assert stats["dropped"]["annotator_tie"] == 0 and stats["gold_tie_rate"] > 0
     assert 0.5 < stats["noise_ceiling"] < 1 and stats["annotator"]["judge"] == "simulated"
 
     # The reward model trains on exactly those pairs; DPO on the dataset's and those.

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from rlhf import dpo
 from rlhf.batching import EncodedPair, collate_shared_prompt_pairs
 from rlhf.config import load_config
 from rlhf.errors import UserError
@@ -68,7 +69,7 @@ def test_pair_logps_sum_exactly_the_kept_response_tokens_under_padding_and_trunc
         EncodedPair([20, 21, 22], [23, 24, EOS], [25, 26, 27]),  # rejected without EOS, exactly max length
     ]
     batch = collate_shared_prompt_pairs(pairs, PAD, max_prompt, max_response)
-    chosen, rejected = train_dpo.pair_logps(model, batch, average)
+    chosen, rejected = dpo.pair_logps(model, batch, average)
     for i, pair in enumerate(pairs):
         prompt = pair.prompt_ids[-max_prompt:]  # the oldest prompt tokens are cut, never the response's start
         for got, response in ((chosen[i], pair.chosen_ids), (rejected[i], pair.rejected_ids)):
@@ -80,7 +81,7 @@ def test_shared_prompt_rows_train_as_two_rows_per_pair():
     """The gradient of a DPO loss through one `[prompt][chosen][rejected]` row per pair equals the gradient
     through separate `[prompt][chosen]` and `[prompt][rejected]` rows, computed by hand one sequence at a time."""
     policy, pairs = tiny_lm(0), random_pairs(6, seed=4)
-    chosen, rejected = train_dpo.pair_logps(policy, collate_shared_prompt_pairs(pairs, PAD), average=False)
+    chosen, rejected = dpo.pair_logps(policy, collate_shared_prompt_pairs(pairs, PAD), average=False)
     shared_loss = -torch.nn.functional.logsigmoid(0.5 * (chosen - rejected)).mean()
     shared_grads = torch.autograd.grad(shared_loss, list(policy.parameters()))
 
@@ -104,16 +105,16 @@ def test_prompt_and_pad_tokens_cannot_move_the_response_sum(monkeypatch):
     model = tiny_lm(0)
     pairs = random_pairs(5, seed=1)
     batch = collate_shared_prompt_pairs(pairs, PAD, 6, 5)
-    clean = train_dpo.pair_logps(model, batch, average=False)
-    original = train_dpo.shared_prompt_response_logprobs
+    clean = dpo.pair_logps(model, batch, average=False)
+    original = dpo.shared_prompt_response_logprobs
 
     def poisoned(model, batch):
         values = original(model, batch)
         responses = batch["chosen_mask"] ^ batch["rejected_mask"]  # each response's own columns
         return torch.where(responses, values, torch.full_like(values, -1e6))
 
-    monkeypatch.setattr(train_dpo, "shared_prompt_response_logprobs", poisoned)
-    dirty = train_dpo.pair_logps(model, batch, average=False)
+    monkeypatch.setattr(dpo, "shared_prompt_response_logprobs", poisoned)
+    dirty = dpo.pair_logps(model, batch, average=False)
     for a, b in zip(clean, dirty):
         torch.testing.assert_close(a, b)
 
@@ -135,17 +136,17 @@ def test_precomputed_reference_gives_the_same_losses_as_on_the_fly(loss_type):
     average = DPO_AVERAGES_LOGPS[loss_type]
 
     def score_split(model, split):  # eval batch 4, length-sorted: different padding from the training batches
-        return train_dpo.split_logps(model, pairs, lambda b: collate_shared_prompt_pairs(b, PAD, 8, 6), 4, CPU, average)
+        return dpo.split_logps(model, pairs, lambda b: collate_shared_prompt_pairs(b, PAD, 8, 6), 4, CPU, average)
 
-    precomputed = train_dpo.PrecomputedReference({"train": score_split(ref, "train")})
-    on_the_fly = train_dpo.OnTheFlyReference(ref, average, score_split, CPU)
+    precomputed = dpo.PrecomputedReference({"train": score_split(ref, "train")})
+    on_the_fly = dpo.OnTheFlyReference(ref, average, score_split, CPU)
     smoothing = 0.1 if loss_type == "cdpo" else 0.0
     collate = collate_indexed(pairs)
     for indices in ([0, 1, 2], [10, 3, 7, 5], [4, 6, 8, 9]):
         batch = collate(indices)
         losses = []
         for reference in (precomputed, on_the_fly):
-            loss, stats = train_dpo.make_loss_fn(loss_type, 0.5, smoothing, reference)(policy, batch)
+            loss, stats = dpo.make_loss_fn(loss_type, 0.5, smoothing, reference)(policy, batch)
             losses.append((loss, stats))
         (loss_a, stats_a), (loss_b, stats_b) = losses
         torch.testing.assert_close(loss_a, loss_b, rtol=0, atol=1e-6)
@@ -160,9 +161,7 @@ def test_precomputed_reference_gives_the_same_losses_as_on_the_fly(loss_type):
 def test_split_logps_returns_pairs_in_their_original_order():
     model = tiny_lm(0)
     pairs = random_pairs(9, seed=3)
-    all_at_once = train_dpo.split_logps(
-        model, pairs, lambda b: collate_shared_prompt_pairs(b, PAD), 2, CPU, False
-    )  # (N, 2)
+    all_at_once = dpo.split_logps(model, pairs, lambda b: collate_shared_prompt_pairs(b, PAD), 2, CPU, False)  # (N, 2)
     for i, pair in enumerate(pairs):
         expected = [
             by_hand_response_logp(model, pair.prompt_ids, r, False) for r in (pair.chosen_ids, pair.rejected_ids)
@@ -175,8 +174,8 @@ def test_loss_fn_dispatches_through_the_table_with_the_right_averaging(loss_type
     policy, ref = tiny_lm(0), tiny_lm(1)
     pairs = random_pairs(4, seed=4)
     batch = collate_indexed(pairs)([0, 1, 2, 3])
-    reference = train_dpo.OnTheFlyReference(ref, DPO_AVERAGES_LOGPS[loss_type], None, CPU)
-    loss, stats = train_dpo.make_loss_fn(loss_type, 0.3, 0.0, reference)(policy, batch)
+    reference = dpo.OnTheFlyReference(ref, DPO_AVERAGES_LOGPS[loss_type], None, CPU)
+    loss, stats = dpo.make_loss_fn(loss_type, 0.3, 0.0, reference)(policy, batch)
     average = DPO_AVERAGES_LOGPS[loss_type]
     logps = {}  # (policy|ref, chosen|rejected) -> (B,), each from an unpadded single-row forward
     for name, model in (("policy", policy), ("ref", ref)):
@@ -207,9 +206,9 @@ def test_length_heuristic_loss_reads_the_collated_lengths():
     policy, ref = tiny_lm(0), tiny_lm(1)
     pairs = random_pairs(4, seed=4)
     batch = collate_indexed(pairs)([0, 1, 2, 3])
-    reference = train_dpo.OnTheFlyReference(ref, False, None, CPU)
-    loss, _ = train_dpo.make_loss_fn("sigmoid", 0.3, 0.0, reference, length_heuristic=0.2)(policy, batch)
-    policy_chosen, policy_rejected = train_dpo.pair_logps(policy, batch, False)
+    reference = dpo.OnTheFlyReference(ref, False, None, CPU)
+    loss, _ = dpo.make_loss_fn("sigmoid", 0.3, 0.0, reference, length_heuristic=0.2)(policy, batch)
+    policy_chosen, policy_rejected = dpo.pair_logps(policy, batch, False)
     ref_chosen, ref_rejected = reference.batch(batch, "train")
     lengths = [(min(len(p.chosen_ids), 6), min(len(p.rejected_ids), 6)) for p in pairs]  # the 6-token truncation
     longer = torch.tensor([1.0 if c > r else 0.0 if c < r else 0.5 for c, r in lengths])
@@ -253,12 +252,6 @@ def test_cache_fingerprints_change_with_weights_tokens_truncation_and_averaging(
 # ---------------------------------------------------------------- small pieces
 
 
-def test_head_to_head_counts_ties_as_half_by_hand():
-    result = train_dpo.head_to_head([1.0, 0.7, 0.0, 1.0, -0.5], [0.0, 0.7, 1.0, 0.4, -0.5])
-    assert (result["wins"], result["losses"], result["ties"], result["n"]) == (2, 1, 2, 5)
-    assert result["win_rate"] == pytest.approx((2 + 0.5 * 2) / 5)
-
-
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -275,3 +268,11 @@ def test_config_errors_are_one_line_before_any_model_loads(override, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as info:
         train_dpo.validate(cfg)
     assert "\n" not in str(info.value)
+
+
+def test_pair_tokens_counts_each_rows_tokens_once_by_hand():
+    # prompt 3 + chosen 2 + rejected 4 = 9, and prompt 1 + chosen 1 + rejected 1 = 3: 12 tokens in a (2, 9) batch.
+    pairs = [EncodedPair([5, 6, 7], [8, EOS], [9, 10, 11, EOS]), EncodedPair([5], [EOS], [8])]
+    batch = collate_shared_prompt_pairs(pairs, PAD)
+    assert dpo.pair_tokens(batch) == 12
+    assert int(batch["attention_mask"].sum()) > 12 * 2  # the (B, 1, T, T) mask counts query-key entries instead

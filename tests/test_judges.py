@@ -6,11 +6,12 @@ import json
 import re
 
 import pytest
-from fake_openai import KEY, hh, settings
+from fake_openai import HUGE_CHARS, KEY, hh, settings
 
 from rlhf import judges as J
 from rlhf import task as T
 from rlhf.errors import UserError
+from rlhf.judges.llm import _public_url
 from rlhf.run import write_json_atomic
 
 # ----------------------------------------------------------------------------- answer parsing
@@ -91,8 +92,11 @@ def test_openai_judge_normal_answers_both_orders(server, tmp_path):
     assert "estimate" in usage["note"]
     # W=1, L=1, T=2 -> win_rate (1 + 2/2)/4 = 0.5
     assert cmp.summary()["win_rate"] == 0.5 and cmp.summary()["n"] == 4
+    # the answer is stored once, in the cache; the record refers to it
     record = cmp.to_dict()["records"][0]
-    assert record["verdict_ab"] == "A" and record["answer_ab"].endswith("Winner: A")
+    assert record["verdict_ab"] == "A" and "answer_ab" not in record
+    assert judge.cache.get(record["cache_key_ab"])["answer"].endswith("Winner: A")
+    assert record["cache_key_ab"] == J.cache_key("judge-test", "pairwise-v1", prompts[0], "GOOD 7.", "9.")
 
 
 def test_openai_judge_retries_429_with_backoff(server):
@@ -181,6 +185,64 @@ def test_openai_judge_auth_error_stops_the_batch(server):
     assert all(j.verdict == "invalid" and "not attempted" in j.error for j in judgments[1:])
 
 
+def test_openai_judge_stopped_batch_labels_a_request_waiting_to_retry_by_its_last_error(server):
+    """Request 0 gets a 500 and waits to retry (30-60 s); request 1's 401 comes 1.5 s later and stops
+    the batch. Request 0 was sent: it is abandoned with its own error, not 'not attempted'."""
+    s = settings(server, max_concurrency=2, retry_base_delay_s=60.0, retry_max_delay_s=60.0)
+    items = [(hh("Q0"), "FAIL500 x", "y"), (hh("Q1"), "SLOW AUTH401 x", "y")] + [
+        (hh(f"Q{i}"), "a", "b") for i in (2, 3)
+    ]
+    waiting, refused, *queued = J.OpenAIJudge(s).judge_many(items)
+    assert len(server.requests) == 2 and waiting.attempts == 1 and queued[0].attempts == 0
+    assert waiting.error.startswith("InternalServerError: Error code: 500")
+    assert waiting.error.endswith("(abandoned after 1 attempt: the batch was stopped by an earlier error)")
+    assert refused.error.startswith("AuthenticationError: Error code: 401")
+    assert [j.error for j in queued] == ["not attempted: the batch was stopped by an earlier error"] * 2
+
+
+def test_bound_answer_keeps_the_start_and_the_end():
+    assert J.bound_answer("Short.\nWinner: A", 16) == ("Short.\nWinner: A", None)
+    # 40 characters, bound 16: tail = min(256, 16 // 4) = 4, head = 12, cut = 40 - 12 - 4 = 24
+    text = "a" * 12 + "b" * 24 + "Wn:A"
+    assert J.bound_answer(text, 16) == ("a" * 12 + "\n[... 24 of 40 characters cut ...]\n" + "Wn:A", 40)
+
+
+def test_openai_judge_keeps_a_bounded_answer_and_the_verdict_of_the_whole(server, tmp_path):
+    """A server that ignores max_tokens (1 MB answers): the verdict is read from the whole answer,
+    2048 characters of it are kept (8 per max_tokens token), in the cache only, once."""
+    cache = tmp_path / "cache.jsonl"
+    judge = J.OpenAIJudge(settings(server, max_tokens=256), cache_path=cache)
+    assert judge.answer_char_limit == 8 * 256 == 2048
+    prompts = [hh("What is 3 plus 4?"), hh("What is 2 plus 2?")]
+    a, b = ["HUGE GOOD 7.", "5."], ["9.", "GOOD 4."]
+    cmp = judge.compare(prompts, a, b)
+    assert cmp.outcomes == ["A", "B"]
+    assert [j.verdict for j in cmp.judgments_ab] == ["A", "B"] and [j.verdict for j in cmp.judgments_ba] == ["B", "A"]
+    huge = cmp.judgments_ab[0]
+    full = len("Let me think. ") + HUGE_CHARS + len("\nOnly one is correct.\nWinner: A")
+    assert huge.answer_chars == full and cmp.judgments_ab[1].answer_chars is None
+    assert huge.answer.startswith("Let me think. xxx") and huge.answer.endswith("Only one is correct.\nWinner: A")
+    assert "characters cut ...]" in huge.answer and len(huge.answer) < 2048 + 60
+    assert (cmp.info["n_truncated"], cmp.info["answer_char_limit"], cmp.info["n_failed"]) == (2, 2048, 0)
+    assert cmp.problems() == [
+        "openai: 2 answers were longer than 2048 characters (judge.max_tokens=256 not honoured by the server); "
+        "the verdict was read from the whole answer, only its start and end are kept"
+    ]
+    entries = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert len(entries) == 4 and cache.stat().st_size < 4 * 2048 + 4 * 400
+    [cut] = [e for e in entries if e["key"] == huge.cache_key]
+    assert (cut["answer"], cut["answer_chars"], cut["verdict"]) == (huge.answer, full, "A")
+    # win_rates.json holds no answer text: the records refer to the cache by key
+    records = json.dumps(cmp.to_dict()["records"])
+    assert "Let me think" not in json.dumps(cmp.to_dict()) and "Winner:" not in records and huge.cache_key in records
+    # a re-run reads the same verdicts from the cache (a cut answer keeps the whole one's verdict)
+    again = J.OpenAIJudge(settings(server, max_tokens=256), cache_path=cache).compare(prompts, a, b)
+    assert again.outcomes == ["A", "B"] and again.info["n_requests"] == 0 and again.info["n_truncated"] == 2
+    # without a cache, the bounded answer is kept in the record itself
+    record = J.OpenAIJudge(settings(server, max_tokens=256)).compare(prompts[:1], a[:1], b[:1]).to_dict()["records"][0]
+    assert "cache_key_ab" not in record and len(record["answer_ab"]) < 2048 + 60
+
+
 def test_openai_judge_cache_second_run_sends_nothing(server, tmp_path):
     cache = tmp_path / "judge" / "cache.jsonl"
     prompts = [hh("What is 3 plus 4?"), hh("What is 2 plus 2?"), hh("Tell me a fact.")]
@@ -260,7 +322,7 @@ def test_openai_judge_base_url_from_environment(server, monkeypatch):
 def test_judge_settings_validation():
     with pytest.raises(UserError, match=re.escape("judge.max_concurrency=0")):
         J.OpenAIJudge(J.JudgeSettings(max_concurrency=0))
-    assert J._public_url("https://user:pw@host.example:8443/v1?token=abc") == "https://host.example:8443/v1"
+    assert _public_url("https://user:pw@host.example:8443/v1?token=abc") == "https://host.example:8443/v1"
 
 
 # ----------------------------------------------------------------------------- gold and reward judges

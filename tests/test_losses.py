@@ -136,6 +136,22 @@ def test_length_heuristic_dpo_is_the_rater_mixture_on_implicit_rewards():
     close(length_heuristic_dpo_loss(*logps, 0.5, f64([1.0, 0.0]), 0.0)[0], dpo_loss(*logps, 0.5)[0])
 
 
+def test_length_heuristic_weight_gradient_is_finite_at_zero():
+    # d(-log P)/dw = -(l - sigma(gap)) / P per pair; at w = 0, P = sigma(gap). gaps [1, 0, -2], l [1, 0.5, 0]:
+    #   -(1 - s1)/s1, -(0.5 - 0.5)/0.5 = 0, -(0 - s(-2))/s(-2) = 1; mean over 3. log w would give 0 * inf = NaN.
+    sigma = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    weight = torch.tensor(0.0, dtype=torch.float64, requires_grad=True)
+    loss, _ = length_heuristic_bt_loss(f64([1.0, 0.0, -1.0]), f64([0.0, 0.0, 1.0]), f64([1.0, 0.5, 0.0]), weight)
+    loss.backward()
+    assert torch.isfinite(weight.grad)
+    close(weight.grad, (-(1 - sigma(1)) / sigma(1) + 0.0 + 1.0) / 3)
+    # and away from 0, the same formula with P = w l + (1 - w) sigma
+    weight = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    length_heuristic_bt_loss(f64([1.0, 0.0]), f64([0.0, 0.0]), f64([1.0, 0.0]), weight)[0].backward()
+    p1, p2 = 0.3 + 0.7 * sigma(1), 0.7 * 0.5
+    close(weight.grad, (-(1 - sigma(1)) / p1 - (0 - 0.5) / p2) / 2)
+
+
 def test_length_heuristic_pulls_less_on_labels_that_length_explains():
     # The same gap of 0: a chosen response that is longer pulls r_c up by (1 - w) sigma'(0) / P, with
     # P = w + (1 - w) sigma(0) = 0.6, so 0.8 * 0.25 / 0.6 = 1/3; a shorter one by sigma'(0) / sigma(0) = 0.5, as in
@@ -194,6 +210,9 @@ def test_dpo_loss_and_stats_by_hand():
     close(stats["logps/chosen"], -1.5)
     close(stats["logps/rejected"], -2.0)
     assert_detached_scalars(stats, DPO_STAT_KEYS)
+    # the policy equal to the reference: every implicit reward 0, a tie per pair, accuracy 1/2 (chance), not 0
+    same = (PAIR[2], PAIR[3], PAIR[2], PAIR[3])
+    close(dpo_loss(*same, beta=BETA)[1]["rewards/accuracies"], 0.5)
 
 
 def test_ipo_loss_by_hand():

@@ -360,3 +360,40 @@ def test_bad_batch_sizes_are_one_line_errors_before_any_model_loads(rl_run, tmp_
     assert message in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Loading weights" not in result.stdout + result.stderr
+
+
+# One iteration (PPO, GRPO) or round (RAFT) each; eval_every stays on, so the evaluation before training is due too.
+NO_EVAL = {
+    "ppo": [*FAST["ppo"], "ppo.total_episodes=32"],
+    "grpo": [*FAST["grpo"], "grpo.total_episodes=32"],
+    "raft": [
+        "raft.rounds=1",
+        "raft.prompts_per_round=16",
+        "raft.samples_per_prompt=2",
+        "raft.top_k=1",
+        "raft.batch_size=16",
+        "raft.micro_batch_size=16",
+        "raft.cpu_threads=1",
+        "raft.eval_every=1",
+    ],
+}
+FINAL_EVAL_KEYS = ["reward_mean", "sft_reward_mean", "kl_to_ref", "eos_rate", "gold_score_mean", "gold_win_rate_vs_sft"]
+
+
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "raft"])
+def test_zero_eval_prompts_skip_the_held_out_evaluation(tiny_run, tmp_path, stage):
+    """`<stage>.eval_prompts=0` is the way to skip held-out evaluation: the stage trains, publishes and
+    says it did not evaluate, with no evaluation results (and no NaN) in summary.json."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    script = SCRIPTS.get(stage, "part2_ppo_grpo/train_raft.py")
+    result = run_script(script, run, *TINY_TEST_OVERRIDES, *NO_EVAL[stage], f"{stage}.eval_prompts=0")
+    assert f"[{stage}] no held-out evaluation ({stage}.eval_prompts=0)" in result.stdout.splitlines()
+    summary = read_summary(run)
+    assert summary[stage]["eval_prompts"] == 0 and summary[stage]["episodes"] > 0
+    assert not set(FINAL_EVAL_KEYS) & set(summary[stage]), summary[stage]
+    assert "NaN" not in (run / "summary.json").read_text()
+    assert summary["cpu_threads"][stage] == 1  # the stage's cpu_threads, beside its timing_s entry
+    assert not any(f"{stage}/eval/reward_mean" in row for row in metric_rows(run, stage))
+    assert (run / stage / "eval_samples.jsonl").read_text() == ""
+    assert (run / stage / "complete.json").is_file() and (run / stage / "model" / "model.safetensors").is_file()

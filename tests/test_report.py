@@ -212,7 +212,11 @@ WIN_PPO_SFT = {
     "n_invalid": 0,
     "ci95_low": 0.5124,
     "ci95_high": 0.7261,
+    "sign_test_p": 0.03299,  # 2 sum_{k <= 30} C(80, k) / 2^80
+    "sign_test_p_holm": 0.06599,  # Holm over {ppo, dpo}_vs_sft: 2 x 0.03299
     "lc_win_rate": 0.5883,
+    "lc_ci95_low": 0.4712,
+    "lc_ci95_high": 0.6951,
 }
 WIN_DPO_SFT = {
     "win_rate": 0.55,
@@ -225,6 +229,8 @@ WIN_DPO_SFT = {
     "n_invalid": 0,
     "ci95_low": 0.4407,
     "ci95_high": 0.6549,
+    "sign_test_p": 0.4096,  # 2 sum_{k <= 32} C(72, k) / 2^72
+    "sign_test_p_holm": 0.4096,  # Holm: max(0.06599, 1 x 0.4096)
     "lc_win_rate": 0.5412,
 }
 WIN_PPO_DPO = {
@@ -238,6 +244,7 @@ WIN_PPO_DPO = {
     "n_invalid": 2,
     "ci95_low": 0.489,
     "ci95_high": 0.701,
+    "sign_test_p": 0.04739,  # 2 sum_{k <= 28} C(74, k) / 2^74; not a comparison with SFT: no Holm
     "lc_win_rate": 0.577,
 }
 N_PARAMS = 1024 * 1200 + 6000  # the fixture's safetensors header: 1,234,800 -> "1.23M"
@@ -397,7 +404,15 @@ def fixture_summary() -> dict:
             "best_of_n": {"n": 16, "n_prompts": 40, "curve": curve},
             "win_rates": {
                 "gold": {"ppo_vs_sft": WIN_PPO_SFT, "dpo_vs_sft": WIN_DPO_SFT, "ppo_vs_dpo": WIN_PPO_DPO},
-                "reward": {"ppo_vs_sft": {**WIN_PPO_SFT, "win_rate": 0.8125, "ci95_low": 0.71, "ci95_high": 0.88}},
+                "reward": {  # a family of one: Holm leaves its p as it is
+                    "ppo_vs_sft": {
+                        **WIN_PPO_SFT,
+                        "win_rate": 0.8125,
+                        "ci95_low": 0.71,
+                        "ci95_high": 0.88,
+                        "sign_test_p_holm": 0.03299,
+                    }
+                },
             },
             "judge_agreement": {
                 "reward_vs_gold": {
@@ -576,8 +591,11 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     ):
         assert f"\n{heading}\n" in f"\n{text}", heading
     # Exact rows, numbers formatted as the report formats them.
-    assert "| PPO vs SFT | 0.625 | [0.512, 0.726] | 0.588 | 50 / 30 / 0 | 80 | 0 |" in text
-    assert "| PPO vs DPO | 0.600 | [0.489, 0.701] | 0.577 | 46 / 28 / 4 | 78 | 2 |" in text
+    assert (
+        "| PPO vs SFT | 0.625 | [0.512, 0.726] | 0.033 (Holm 0.066) | 0.588 [0.471, 0.695] | 50 / 30 / 0 | 80 | 0 |"
+        in text
+    )
+    assert "| PPO vs DPO | 0.600 | [0.489, 0.701] | 0.047 | 0.577 | 46 / 28 / 4 | 78 | 2 |" in text
     assert "| PPO vs SFT | 0.812 | [0.710, 0.880] |" in text  # the reward judge's table
     assert "| PPO | 80 | 1.234 ± 0.700 | 4.567 ± 1.200 | 18.2 | 0.900 | 0.440 | 0.512 | 0.450 |" in text
     assert (
@@ -598,18 +616,35 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "| **total** | 429.7 | 7.2 min | 100.0% |  |" in text
     assert "1.23M parameters" in text
     assert "| SFT | 0.012 | 0.000 | 0.351 | 0.300 | 11.5 | (reference) |" in text
-    assert "- PPO beats SFT under the `gold` judge: win rate 0.625, 95% CI [0.512, 0.726] excludes 0.5." in text
+    # PPO's interval excludes 0.5 but its Holm-adjusted sign test does not pass 0.05 under gold; it does
+    # under the reward judge, where it is the only comparison with SFT.
+    assert (
+        "- PPO is not distinguishable from SFT after Holm's adjustment under the `gold` judge: win rate 0.625, "
+        "95% CI [0.512, 0.726] excludes 0.5; sign test p = 0.033, Holm-adjusted 0.066." in text
+    )
+    assert (
+        "- PPO beats SFT under the `reward` judge: win rate 0.812, 95% CI [0.710, 0.880] excludes 0.5; "
+        "sign test p = 0.033, Holm-adjusted 0.033." in text
+    )
     assert (
         "- DPO is not distinguishable from SFT under the `gold` judge: "
-        "win rate 0.550, 95% CI [0.441, 0.655] includes 0.5." in text
+        "win rate 0.550, 95% CI [0.441, 0.655] includes 0.5; sign test p = 0.410, Holm-adjusted 0.410." in text
     )
-    assert "- Highest mean gold score: best-of-16 (0.600)." in text
+    assert 'the family of "beats SFT" claims is Holm-controlled' in text
+    # best-of-16 answered 40 of the 80 prompts: ranked with the others on its own prompts only
+    assert "- Highest mean gold score: PPO (0.512)." in text and "Highest mean gold score: best-of-16" not in text
+    assert (
+        "- On the 6 prompts best-of-16 answered, mean reward-model score, highest first: best-of-16 1.650, PPO 1.250, "
+        "DPO 0.650, SFT 0.250." in text
+    )
+    assert "**Judges:** `gold` (the embedded task's exact judge), independent of training; and `reward`" in text
     assert "| val | (from train) | 230 |" in text
     assert "held-out prompts with the same decoding settings (best-of-N: the first 40 of them)" in text
     assert "`temperature` 0.7, `top_p` 1, `max_new_tokens` 64, `seed` 1234, `num_prompts` 80." in text
     assert "not in this run (no `grpo` section in summary.json)" in text
     assert "GRPO: not evaluated in this run (no `eval.models.grpo`)" in text
-    assert "No `openai` judge results: skipped: OPENAI_API_KEY is not set." in text
+    assert "Judges asked for that did not run: `openai` (skipped: OPENAI_API_KEY is not set)" in text
+    assert "#### Judge: `openai`" not in text  # no empty subsection for a judge that did not run
     assert "**External: published numbers, not measured in this run.**" in text and "0.629 / 0.669 / 0.689" in text
     # External numbers appear only in their own section.
     assert "0.60–0.67" not in text.split("## External reference points")[0]
@@ -661,9 +696,12 @@ def test_make_report_without_gold_or_policies_degrades_to_notes(tmp_path):
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "report.md").read_text()
     assert "failed to render" not in text and "warning" not in result.stderr
-    assert "No `gold` judge results: no gold judge for this data" in text
+    # no gold judge on HH data: no section, caption or line speaks of it (the run folder's name may)
+    assert "gold" not in text.replace(str(tmp_path), "").lower()
+    assert "#### Judge:" not in text and "### Judge agreement" not in text  # nothing ran: nothing to show
+    assert "Judges asked for that did not run: `openai` (skipped: OPENAI_API_KEY is not set)" in text
     assert "PPO: not in this run" in text and "DPO: not in this run" in text
-    assert "No response files" in text and "No best-of-N curve" in text and "No judge-agreement results" in text
+    assert "No response files" in text and "No best-of-N curve" in text
     assert "`Anthropic/hh-rlhf` (Anthropic's helpful/harmless human preference pairs)" in text
     assert (tmp_path / "report" / "reward_vs_kl.png").is_file()  # one model point is still a figure
     assert not (tmp_path / "report" / "win_rates.png").exists()  # nothing judged: no empty heatmap
@@ -700,3 +738,132 @@ def test_collect_section_shows_counts_drops_and_gold_agreement_by_kind():
     assert "| tie | 5 |" in text and "| annotator_tie | 7 |" in text and "annotator_invalid" not in text
     assert "| verbosity | 20 | 0.700 |" in text and "0.750 of the written pairs (noise ceiling 0.780)" in text
     assert R.section_collect(R.RunData(summary={})) == ""
+
+
+# ----------------------------------------------------------------------------- real data: no gold judge
+
+
+def hh_rows(model: str, n: int, reward: float) -> list[dict]:
+    return [
+        {
+            "prompt": f"\n\nHuman: How do I fix a leaking tap, case {i}?\n\nAssistant:",
+            "response": f" {model} {i}",
+            "reward": reward + 0.01 * i,
+            "length": 3,
+            "finished": True,
+            "kl": 0.0,
+        }
+        for i in range(n)
+    ]
+
+
+def hh_summary(judges: dict) -> dict:
+    """An HH run's eval section: 30 prompts, best-of-4 on the first 10, the reward model the only judge."""
+    win = {**WIN_PPO_SFT, "n": 30, "wins": 20, "losses": 10}
+    models = {
+        "sft": {"reward_mean": 0.1, "kl_to_ref": 0.0, "n": 30},
+        "ppo": {"reward_mean": 0.5, "kl_to_ref": 1.0, "n": 30},
+        "best_of_4": {"reward_mean": 0.9, "kl_to_ref": 0.636, "n": 10},
+    }
+    return {
+        "data": {"source": "/data/harmless-base"},
+        "timing_s": {"data": 10.0, "sft": 30.0, "eval": 20.0, "pipeline_total": 244.0},
+        "eval": {
+            "decoding": {"num_prompts": 30},
+            "models": models,
+            "best_of_n": {"n": 4, "n_prompts": 10, "curve": [{"n": 1, "kl": 0.0, "reward_mean": 0.1}]},
+            "win_rates": {"reward": {"ppo_vs_sft": win, "best_of_4_vs_sft": win}},
+            "judge_agreement": {},
+            "judges": judges,
+        },
+    }
+
+
+def hh_run_data(judges: dict) -> R.RunData:
+    responses = {"sft": hh_rows("sft", 30, 0.1), "ppo": hh_rows("ppo", 30, 0.5), "best_of_4": hh_rows("b", 10, 0.9)}
+    return R.RunData(
+        summary=hh_summary(judges),
+        preset="gpt2-hh",
+        run_dir="/runs/hh",
+        responses=responses,
+        figures={"reward_vs_kl": "report/reward_vs_kl.png"},
+    )
+
+
+def test_without_an_independent_judge_the_headline_says_so_and_how_to_add_one():
+    skipped = {"reward": {"judge": "reward"}, "openai": {"status": "skipped: OPENAI_API_KEY is not set"}}
+    text = R.render_report(hh_run_data(skipped))
+    headline = text.split("## Headline")[1].split("## Data")[0]
+    assert (
+        "**Judges: the reward model alone.** Every verdict and score below comes from the run's own reward model, "
+        "the proxy that PPO optimised and best-of-4 picked by, so it favours those policies by construction" in headline
+    )
+    assert "No independent judge ran (`openai` skipped: OPENAI_API_KEY is not set)." in headline
+    assert (
+        "set `OPENAI_API_KEY` (and `OPENAI_BASE_URL` for another OpenAI-compatible server) and run "
+        "`bash run_all.sh --preset gpt2-hh --output-dir /runs/hh --only eval,report --force`, with the run's own "
+        "`section.key=value` overrides if it had any." in headline
+    )
+    assert "At a glance (read off the tables in this report; every line rests on the reward model alone" in headline
+    # openai not asked for at all: the command adds it
+    text = R.render_report(hh_run_data({"reward": {"judge": "reward"}}))
+    assert "No independent judge ran (none was configured (`eval.judges` names neither `gold` nor `openai`))" in text
+    assert "--only eval,report --force eval.judges=reward,openai`" in text
+
+
+def test_without_gold_no_gold_wording_and_no_empty_judge_sections():
+    text = R.render_report(hh_run_data({"openai": {"status": "skipped: OPENAI_API_KEY is not set"}}))
+    assert "gold" not in text.lower()
+    assert "#### Judge: `reward`" in text and "#### Judge: `openai`" not in text and "#### Judge: `gold`" not in text
+    assert "### Judge agreement" not in text  # one judge: nothing to agree with
+    assert "The reward model both picks and scores these samples, so its reward rises with N by construction" in text
+    assert "only a judge independent of training (eval.judges: openai) can tell apart" in text  # reward-vs-KL caption
+
+
+def test_agreement_is_shown_between_whichever_judges_ran():
+    data = hh_run_data({"openai": {"judge": "openai", "model": "gpt-4o-mini"}})
+    data.summary["eval"]["win_rates"]["openai"] = {"ppo_vs_sft": WIN_PPO_SFT}
+    data.summary["eval"]["judge_agreement"] = {
+        "openai_vs_reward": {"agreement": 0.7, "n": 40, "agreement_decisive": 0.75, "n_decisive": 36, "n_invalid": 1}
+    }
+    text = R.render_report(data)
+    assert "| openai vs reward | 0.700 | 40 | 0.750 | 36 | 1 |" in text
+    assert "How often two judges give the same verdict on the same pairs" in text and "gold" not in text.lower()
+    assert "**Judges:** `openai` (the LLM judge, `gpt-4o-mini`), independent of training; and `reward`" in text
+
+
+def test_counts_name_the_prompts_they_are_over():
+    text = R.render_report(hh_run_data({}))
+    # best-of-4 answered 10 of the 30 prompts: the samples are drawn from those 10, and said to be
+    assert "3 of the 30 evaluation prompts (evenly spaced, not cherry-picked, over the 10 that best-of-4 also " in text
+    # its 10-prompt mean (0.945) is not ranked against the 30-prompt means, but beside theirs on its 10 prompts
+    assert "- Highest mean reward-model score: PPO (0.500)." in text
+    assert (
+        "- On the 10 prompts best-of-4 answered, mean reward-model score, highest first: best-of-4 0.945, "
+        "PPO 0.545, SFT 0.145." in text
+    )
+    data = hh_run_data({})
+    data.responses = {}  # no response files: best-of-4 is left out of the ranking, and said to be
+    assert "best-of-4 answered 10 of the 30 prompts, so its mean reward-model score is not ranked" in (
+        R.render_report(data)
+    )
+
+
+def test_pipeline_total_is_not_a_stage_of_the_timing_table():
+    text = R.section_timing(hh_run_data({}))
+    assert "pipeline_total" not in text
+    assert "| **total** | 60.0 | 60.0 s | 100.0% |  |" in text  # 10 + 30 + 20: the stages alone
+
+
+def test_reward_vs_kl_names_every_model_in_its_legend(tmp_path, monkeypatch):
+    """Models near SFT sit on top of each other: labels written beside the points overlapped; a legend cannot."""
+    from rlhf import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    points = {name: {"kl": 0.01 * i, "reward": 0.0} for i, name in enumerate(("SFT", "PPO", "GRPO", "DPO"))}
+    assert plots.plot_reward_vs_kl(points, [{"n": 1, "kl": 0.0, "reward": 0.0}], "best-of-N", tmp_path / "f.png")
+    (ax,) = drawn[0].axes
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["best-of-N", "SFT", "PPO", "GRPO", "DPO"]
+    assert [t.get_text() for t in ax.texts] == ["N=1"]  # no model label written beside its point
+    assert len({c.get_paths()[0].vertices.tobytes() for c in ax.collections}) == 4  # a marker shape per model

@@ -17,7 +17,15 @@ from rlhf.errors import UserError
 from rlhf.evaluation import sequence_kl
 from rlhf.models import PolicyAndValue, disable_dropout, reward_scores, token_logprobs, value_model_from_reward
 from rlhf.rl.checkpoints import load_rl_checkpoint, save_rl_checkpoint
-from rlhf.rl.held_out import compare_with_sft, eval_due, eval_metrics, final_line, held_out_eval, summarize_samples
+from rlhf.rl.held_out import (
+    compare_with_sft,
+    eval_due,
+    eval_metrics,
+    evaluate_against_sft,
+    final_line,
+    held_out_eval,
+    summarize_samples,
+)
 from rlhf.rl.passes import (
     accumulation_weights,
     align_values,
@@ -482,6 +490,20 @@ def test_eval_metrics_and_final_line_by_hand():
     assert final_line("grpo", results) == (
         "[grpo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats; gold 0.500 (SFT 0.375), gold win rate vs SFT 0.750"
     )
+
+
+def test_no_held_out_prompts_skip_every_evaluation(tmp_path):
+    """`<stage>.eval_prompts=0` skips the held-out evaluations: no model is touched (None here), no
+    results but the count, and the last line says so."""
+    from rlhf.rl.prompts import RLPrompts
+
+    prompts = RLPrompts(["\n\nHuman: What is 3 plus 4?\n\nAssistant:"], [], [[5, 6, 7]], [])
+    no_models = (None, None, None, None, prompts, None, 0, 8, None, True)
+    assert evaluate_against_sft(*no_models) == ({"eval_prompts": 0}, [])
+    assert held_out_eval("raft", *no_models) == {}
+    assert final_line("raft", {"eval_prompts": 0, "rounds": 4}) == "[raft] no held-out evaluation (raft.eval_prompts=0)"
+    with pytest.raises(UserError, match=r"^ppo.eval_prompts=-1 must be >= 0 \(0: no held-out evaluation\)$"):
+        load_rl_prompts("ppo", RunDir(tmp_path), load_config(preset_path("tiny")), None, -1)
 
 
 # ---------------------------------------------------------------- held-out evaluation along training

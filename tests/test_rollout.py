@@ -7,7 +7,9 @@ import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from rlhf.models import disable_dropout, reward_scores, token_logprobs, train_tokenizer
+from rlhf.rl.stats import response_metrics
 from rlhf.rollout import (
+    Rollout,
     RowSeededSampling,
     SamplingConfig,
     forward_in_chunks,
@@ -132,6 +134,25 @@ def test_rollout_masks_everything_after_the_first_eos(tokenizer, rollout):
         assert (row[n_prompt + n_response :] == pad).all()
         assert pad not in response_ids  # the pad token is never sampled
     assert rollout.input_ids.shape[1] == int(rollout.lengths.max())  # no all-padding column
+
+
+def test_rl_tokens_per_s_counts_each_response_token_once_by_hand(rollout):
+    """time/tokens_per_s of every RL stage (PPO, GRPO, RAFT, online DPO) is `response_metrics` over the rollout's
+    response_lengths: response tokens (EOS included) per second of generation, never prompt or pad tokens."""
+    # By hand: row 0 = prompt of 3, response of 2 ending in EOS (9), 2 pads; row 1 = prompt of 2, response of 4
+    # without EOS, 1 pad. 2 + 4 = 6 response tokens in 2 s: 3 per second (all 11 real tokens would give 5.5).
+    by_hand = Rollout(
+        input_ids=torch.tensor([[5, 6, 7, 8, 9, 0, 0], [5, 6, 7, 7, 7, 7, 0]]),
+        attention_mask=torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0]]),
+        response_mask=torch.tensor([[0, 0, 0, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1, 0]]).bool(),
+        finished=torch.tensor([True, False]),
+    )
+    metrics = response_metrics(by_hand.response_lengths, by_hand.finished, torch.tensor([1.0, 0.0]), generate_s=2.0)
+    assert metrics["time/tokens_per_s"].item() == 3.0
+    # A generated rollout: the same count as the response ids themselves, one list per row.
+    tokens = sum(len(ids) for ids in rollout.response_ids())
+    metrics = response_metrics(rollout.response_lengths, rollout.finished, torch.zeros(len(rollout.finished)), 1.0)
+    assert metrics["time/tokens_per_s"].item() == tokens
 
 
 def test_generation_logprobs_match_a_teacher_forced_forward_pass(tokenizer, rollout):

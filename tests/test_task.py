@@ -437,7 +437,6 @@ def test_row_format():
             assert response.startswith(" ") and response[1:].strip() == response[1:] != ""
         assert row["gold_chosen"] == T.gold_score(prompt, chosen)
         assert row["gold_rejected"] == T.gold_score(prompt, rejected)
-        assert row["gold_chosen"] != row["gold_rejected"]
         assert row["family"] == T.parse_prompt(prompt).family
         assert 0.0 <= row["p_label"] <= 1.0
 
@@ -445,15 +444,16 @@ def test_row_format():
 def test_weights_override_the_behaviour_pool():
     weights = dict.fromkeys(T.DEFAULT_BEHAVIOUR_WEIGHTS, 0.0) | {"good_concise": 1.0, "wrong": 1.0}
     rows = T.generate_split("train", 200, seed=0, weights=weights)
-    # Harmful prompts have no "wrong" behaviour, so no pair can be built for them.
-    assert {r["family"] for r in rows} <= set(T.DATASET_FAMILIES) - {"harmful"}
     for row in rows:
         prompt, chosen = split_row(row["chosen"])
         verdicts = {
             T.gold_details(prompt, chosen)["verdict"],
             T.gold_details(prompt, split_row(row["rejected"])[1])["verdict"],
         }
-        assert verdicts <= {"correct", "wrong"} or verdicts <= {"helpful", "unhelpful"}, (row, verdicts)
+        if verdicts == {"refusal"}:  # a harmful request has no "wrong" behaviour: two worded refusals, a gold tie
+            assert row["gold_chosen"] == row["gold_rejected"], row
+        else:
+            assert verdicts <= {"correct", "wrong"} or verdicts <= {"helpful", "unhelpful"}, (row, verdicts)
 
 
 @pytest.mark.parametrize(
@@ -542,18 +542,42 @@ def test_p_better_by_hand():
     assert T.p_better("same", "size", 0.1, 0.2) == pytest.approx(0.2 * 0.5 + 0.8 * 0.9)  # 0.82
 
 
-def test_noiseless_annotator_agrees_with_gold():
+def test_p_first_by_hand():
+    # length_bias * L + (1 - length_bias) * C, noise 0.1, length_bias 0.2; C = 0.9 / 0.1 / 0.5
+    assert T.p_first("longer", "short", 1.0, 0.0, 0.1, 0.2) == pytest.approx(0.2 + 0.8 * 0.9)  # gold-better, longer
+    assert T.p_first("longer", "short", 0.0, 1.0, 0.1, 0.2) == pytest.approx(0.2 + 0.8 * 0.1)  # gold-worse, longer
+    assert T.p_first("longer", "short", 0.5, 0.5, 0.1, 0.2) == pytest.approx(0.2 + 0.8 * 0.5)  # gold tie: 0.6
+    assert T.p_first("short", "longer", 0.5, 0.5, 0.1, 0.2) == pytest.approx(0.8 * 0.5)  # 0.4
+    assert T.p_first("same", "size", 0.5, 0.5, 0.1, 0.2) == pytest.approx(0.5)
+
+
+def test_noiseless_annotator_agrees_with_gold_where_gold_decides():
     rows = T.generate_split("train", 1000, seed=0, annotator_noise=0.0, length_bias=0.0)
-    assert T.gold_agreement(rows) == 1.0
-    assert T.noise_ceiling(rows) == 1.0
+    tie_rate = T.gold_tie_rate(rows)
+    assert 0 < tie_rate < 1  # gold ties are shown to the annotator and labelled, not redrawn
+    assert T.gold_agreement(rows) == 1.0  # over the pairs gold does not tie
+    assert T.noise_ceiling(rows) == pytest.approx(1 - tie_rate / 2)  # a tie is a coin flip: 0.5
+
+
+def test_dataset_labels_every_pair_it_draws_but_never_identical_responses():
+    rows = T.generate_split("train", 2000, seed=0, annotator_noise=0.1, length_bias=0.2)
+    assert all(row["chosen"] != row["rejected"] for row in rows)
+    ties = [row for row in rows if row["gold_chosen"] == row["gold_rejected"]]
+    assert len(ties) > 50  # about 5% of the pairs
+    for row in ties:  # p_label = P(chosen) = 0.2 * L + 0.8 * 0.5
+        chosen, rejected = split_row(row["chosen"])[1], split_row(row["rejected"])[1]
+        longer = 1.0 if len(chosen) > len(rejected) else 0.0 if len(chosen) < len(rejected) else 0.5
+        assert row["p_label"] == pytest.approx(0.2 * longer + 0.4)
 
 
 def test_noisy_annotator_matches_its_noise_rate():
     n, noise = 4000, 0.2
     rows = T.generate_split("train", n, seed=0, annotator_noise=noise, length_bias=0.0)
-    assert T.noise_ceiling(rows) == pytest.approx(1 - noise)  # every pair has p = 0.8
-    # Agreement ~ Binomial(n, 0.8) / n: allow 4 standard deviations (sd = 0.0063).
-    assert abs(T.gold_agreement(rows) - (1 - noise)) < 4 * math.sqrt(noise * (1 - noise) / n)
+    tie_rate = T.gold_tie_rate(rows)
+    assert T.noise_ceiling(rows) == pytest.approx((1 - tie_rate) * (1 - noise) + tie_rate * 0.5)
+    # Agreement over the m decisive pairs ~ Binomial(m, 0.8) / m: allow 4 standard deviations.
+    m = round(n * (1 - tie_rate))
+    assert abs(T.gold_agreement(rows) - (1 - noise)) < 4 * math.sqrt(noise * (1 - noise) / m)
 
 
 def test_length_biased_annotator_always_picks_the_longer():
@@ -569,9 +593,12 @@ def test_noise_ceiling_and_gold_agreement_by_hand():
         {"p_label": 0.9, "gold_chosen": 1.0, "gold_rejected": 0.0},
         {"p_label": 0.3, "gold_chosen": -0.5, "gold_rejected": 0.7},  # a minority label: max(0.3, 0.7)
         {"p_label": 0.5, "gold_chosen": 0.7, "gold_rejected": 0.5},
+        {"p_label": 0.6, "gold_chosen": 0.5, "gold_rejected": 0.5},  # a gold tie: left out of agreement
     ]
-    assert T.noise_ceiling(rows) == pytest.approx((0.9 + 0.7 + 0.5) / 3)
+    assert T.noise_ceiling(rows) == pytest.approx((0.9 + 0.7 + 0.5 + 0.6) / 4)
     assert T.gold_agreement(rows) == pytest.approx(2 / 3)
+    assert T.gold_tie_rate(rows) == pytest.approx(1 / 4)
+    assert T.gold_agreement(rows[3:]) is None
     with pytest.raises(ValueError):
         T.noise_ceiling([])
 

@@ -9,7 +9,7 @@ Missing pieces degrade to a one-line note: a run without GRPO, without the OpenA
 HH data (no gold judge) simply has fewer rows and sections.
 
 Modules: `contract` (RunData and the fixed names), `format` (numbers and markdown),
-`training_sections` and `eval_sections` (one function per report section); this module orders the
+`training_sections`, `eval_sections` and `seeds_section` (one function per report section); this module orders the
 sections and renders them, and re-exports what callers use.
 """
 
@@ -45,6 +45,7 @@ from rlhf.report.format import (
     parse_pairing,
     win_rate_matrix,
 )
+from rlhf.report.seeds_section import section_seeds
 from rlhf.report.training_sections import (
     section_collect,
     section_data,
@@ -89,6 +90,7 @@ SECTIONS = (
     section_eval_models,
     section_gold_breakdown,
     section_win_rates,
+    section_seeds,
     section_judge_agreement,
     section_best_of_n,
     section_figures,

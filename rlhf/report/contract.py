@@ -8,16 +8,17 @@ from dataclasses import dataclass, field
 NA = "n/a"
 
 
-TRAINED_STAGES = ("sft", "reward", "ppo", "grpo", "raft", "dpo")
+TRAINED_STAGES = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo")
 
 
-POLICY_STAGES = ("ppo", "grpo", "raft", "dpo")  # trained policies the evaluation is expected to include
+POLICY_STAGES = ("ppo", "grpo", "raft", "dpo", "online_dpo")  # trained policies the evaluation is expected to include
 
 
 SUMMARY_SECTION = {"reward": "reward_model"}  # stage name -> its summary.json section, where they differ
 
 
-MODEL_ORDER = ("base", "sft", "ppo", "grpo", "raft", "dpo")  # then best_of_<N>, chosen, and anything else by name
+# then best_of_<N>, chosen, and anything else by name
+MODEL_ORDER = ("base", "sft", "ppo", "grpo", "raft", "dpo", "online_dpo")
 
 
 STAGE_LABELS = {
@@ -28,6 +29,7 @@ STAGE_LABELS = {
     "grpo": "GRPO",
     "raft": "RAFT",
     "dpo": "DPO",
+    "online_dpo": "online DPO",
     "eval": "evaluation",
     "report": "report",
 }
@@ -117,6 +119,15 @@ FIGURES = (  # key, title, what to look for
 )
 
 
+# A caption that speaks of gold is wrong for a run without the gold judge: these replace it there.
+FIGURE_CAPTIONS_WITHOUT_GOLD = {
+    "reward_vs_kl": "Each model is a point; best-of-N from the SFT policy is the curve (its KL is the analytic "
+    "log N − (N−1)/N). Up and to the left is better on the reward model's score, the proxy the RL stages optimised: "
+    "a policy far above best-of-N may be exploiting the reward model rather than answering better (Gao et al. "
+    "2022, arXiv 2210.10760), which only a judge independent of training (eval.judges: openai) can tell apart.",
+}
+
+
 @dataclass
 class RunData:
     """Everything the report reads, already loaded from the run folder."""
@@ -128,6 +139,7 @@ class RunData:
     responses: dict[str, list[dict]] = field(default_factory=dict)  # eval/responses/<model>.jsonl rows
     suite_rows: dict[str, list[dict]] = field(default_factory=dict)  # eval/suites/<suite>.jsonl rows
     error_analysis: dict = field(default_factory=dict)  # reward/error_analysis.json
+    seeds: dict = field(default_factory=dict)  # seeds/summary.json (part4_eval/seeds.py), when it has run
     figures: dict[str, str] = field(
         default_factory=dict
     )  # figure key (FIGURES, or curves_<stage>) -> path relative to report.md

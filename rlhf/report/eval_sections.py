@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rlhf.report.contract import (
     EXTERNAL_REFERENCES,
+    FIGURE_CAPTIONS_WITHOUT_GOLD,
     FIGURES,
     JUDGES,
     NA,
@@ -20,6 +21,7 @@ from rlhf.report.format import (
     eval_models,
     fmt,
     fmt_ci,
+    fmt_p,
     fmt_pm,
     fmt_seconds,
     get_path,
@@ -128,27 +130,30 @@ def section_win_rates(data: RunData) -> str:
     judges_info = get_path(data.summary, "eval.judges", {}) or {}
     if not isinstance(data.summary.get("eval"), dict):
         return ""  # the Evaluation section already says the results are missing
-    embedded = get_path(data.summary, "data.source") == "embedded"
     lines = [
         "### Win rates",
         "",
-        "Pairwise comparisons on the same prompts. Win rate counts ties as half a win; the "
-        "95% interval is Wilson's; *LC* is the length-controlled win rate; *invalid* prompts (a judge gave no usable "
-        "answer) are excluded from every rate.",
+        "Pairwise comparisons on the same prompts. Win rate counts ties as half a win; the 95% interval is Tango's "
+        "score interval for paired outcomes (it uses the per-prompt variance of win, tie and loss, so ties narrow it); "
+        "*sign test p* is the exact two-sided sign test of wins against losses, ties dropped, and for a comparison "
+        "with SFT, *Holm* is that p adjusted over this judge's comparisons with SFT; *LC* is the length-controlled "
+        "win rate with its 95% bootstrap interval; *invalid* prompts (a judge gave no usable answer) are excluded "
+        "from every rate.",
     ]
-    for judge in list(JUDGES) + sorted(set(win_rates) - set(JUDGES)):
+    ran = [judge for judge in list(JUDGES) + sorted(set(win_rates) - set(JUDGES)) if win_rates.get(judge)]
+    if not ran:
+        lines += ["", note("No judge compared any two models in this run (`eval.win_rates` is empty).")]
+    not_run = {
+        judge: info["status"]
+        for judge, info in judges_info.items()
+        if judge not in ran and isinstance(info, dict) and info.get("status")
+    }
+    if not_run:
+        lines += ["", "Judges asked for that did not run: " + "; ".join(f"`{j}` ({why})" for j, why in not_run.items())]
+    for judge in ran:
         info = judges_info.get(judge) or {}
-        pairings = win_rates.get(judge) or {}
+        pairings = win_rates[judge]
         lines += ["", f"#### Judge: `{judge}`", ""]
-        status = info.get("status") if isinstance(info, dict) else None
-        if not pairings:
-            reason = status or (
-                "no gold judge for this data (it exists only on the embedded task)"
-                if judge == "gold" and not embedded
-                else "not run"
-            )
-            lines.append(note(f"No `{judge}` judge results: {reason}."))
-            continue
         lines.append(f"The judge: {JUDGES.get(judge, 'a judge this report does not describe')}.")
         if judge == "openai" and isinstance(info, dict):
             usage = info.get("usage") or {}
@@ -167,12 +172,15 @@ def section_win_rates(data: RunData) -> str:
         for key in ordered_pairings(pairings):
             entry = pairings[key]
             a, b = parse_pairing(key) or (key, "")
+            p, p_holm = entry.get("sign_test_p"), entry.get("sign_test_p_holm")
+            lc_ci = fmt_ci(entry.get("lc_ci95_low"), entry.get("lc_ci95_high"))
             rows.append(
                 [
                     f"{model_label(a)} vs {model_label(b)}" if b else key,
                     fmt(entry.get("win_rate")),
                     fmt_ci(entry.get("ci95_low"), entry.get("ci95_high")),
-                    fmt(entry.get("lc_win_rate")),
+                    fmt_p(p) + (f" (Holm {fmt_p(p_holm)})" if is_number(p_holm) else ""),
+                    fmt(entry.get("lc_win_rate")) + (f" {lc_ci}" if lc_ci != NA else ""),
                     f"{fmt(entry.get('wins'))} / {fmt(entry.get('losses'))} / {fmt(entry.get('ties'))}",
                     fmt(entry.get("n")),
                     fmt(entry.get("n_invalid")),
@@ -181,7 +189,17 @@ def section_win_rates(data: RunData) -> str:
         lines += [
             "",
             markdown_table(
-                ["A vs B", "win rate of A", "95% CI", "LC win rate", "wins / losses / ties", "n", "invalid"], rows
+                [
+                    "A vs B",
+                    "win rate of A",
+                    "95% CI",
+                    "sign test p",
+                    "LC win rate (95% CI)",
+                    "wins / losses / ties",
+                    "n",
+                    "invalid",
+                ],
+                rows,
             ),
         ]
     return "\n".join(lines)
@@ -191,11 +209,9 @@ def section_judge_agreement(data: RunData) -> str:
     if not isinstance(data.summary.get("eval"), dict):
         return ""
     agreement = get_path(data.summary, "eval.judge_agreement", {}) or {}
-    lines = ["### Judge agreement", ""]
     if not agreement:
-        return "\n".join(
-            lines + [note("No judge-agreement results (they need the gold judge, i.e. the embedded task).")]
-        )
+        return ""  # fewer than two judges ran: nothing to agree on
+    lines = ["### Judge agreement", ""]
     rows = []
     for key in sorted(agreement):
         entry = agreement[key]
@@ -210,9 +226,11 @@ def section_judge_agreement(data: RunData) -> str:
                 fmt(entry.get("n_invalid")),
             ]
         )
+    with_gold = any((parse_pairing(key) or ("", ""))[1] == "gold" for key in agreement)
     lines += [
-        "How often a judge's verdict matches the gold judge's on the same pairs, over all pairings. *Decisive* leaves "
-        "out pairs where either judge says tie (the gold judge ties often, a reward model almost never).",
+        "How often two judges give the same verdict on the same pairs, over all pairings. *Decisive* leaves "
+        "out pairs where either judge says tie"
+        + (" (the gold judge ties often, a reward model almost never)." if with_gold else "."),
         "",
         markdown_table(["judges", "agreement", "n", "agreement (decisive)", "n decisive", "invalid"], rows),
     ]
@@ -262,9 +280,14 @@ def section_best_of_n(data: RunData) -> str:
     )
     lines += [
         f"N samples per prompt from the SFT policy (up to N = {fmt(bon.get('n'))}){prompts}, "
-        "the reward model's favourite kept. "
-        "KL is the analytic log N − (N−1)/N (nats). If the gold score stops rising while the RM reward keeps "
-        "climbing, the reward model is being over-optimised (Gao et al. 2022).",
+        "the reward model's favourite kept. KL is the analytic log N − (N−1)/N (nats). "
+        + (
+            "If the gold score stops rising while the RM reward keeps climbing, the reward model is being "
+            "over-optimised (Gao et al. 2022)."
+            if has_gold
+            else "The reward model both picks and scores these samples, so its reward rises with N by construction; "
+            "whether quality rises with it needs a judge that did not pick them."
+        ),
         "",
         markdown_table(["N", "KL (nats)", "RM reward"] + (["gold score"] if has_gold else []), rows),
     ]
@@ -274,7 +297,9 @@ def section_best_of_n(data: RunData) -> str:
 def section_figures(data: RunData) -> str:
     lines = ["## Figures", ""]
     shown = 0
+    has_gold = any(is_number(m.get("gold_score_mean")) for m in eval_models(data.summary).values())
     for key, title, caption in FIGURES:
+        caption = caption if has_gold else FIGURE_CAPTIONS_WITHOUT_GOLD.get(key, caption)
         if key in data.figures:
             lines += [f"### {title}", "", f"![{title}]({data.figures[key]})", "", caption, ""]
             shown += 1
@@ -302,16 +327,17 @@ def section_samples(data: RunData, k: int = 3, limit: int = 280) -> str:
     for name in names:
         for row in data.responses[name]:
             by_model[name].setdefault(row.get("prompt"), row)
-    first = data.responses[names[0]]
-    common = [row.get("prompt") for row in first if all(row.get("prompt") in by_model[m] for m in names)]
-    common = list(dict.fromkeys(common))
+    every = list(dict.fromkeys(row.get("prompt") for name in names for row in data.responses[name]))
+    common = [prompt for prompt in every if all(prompt in by_model[m] for m in names)]
     if not common:
         return "\n".join(lines + [note("The models' response files share no prompt, so no side-by-side samples.")])
     picks = [common[i * len(common) // k] for i in range(min(k, len(common)))]
     has_gold = any(is_number(by_model[m][p].get("gold_score")) for m in names for p in picks)
+    fewer = [model_label(m) for m in names if len(by_model[m]) < len(every)]  # e.g. best-of-N's subset
+    over = f", over the {fmt(len(common))} that {' and '.join(fewer)} also answered" if len(common) < len(every) else ""
     lines.append(
-        f"{len(picks)} of the {fmt(len(common))} evaluation prompts (evenly spaced, not cherry-picked), with every "
-        f"model's response (first {limit} characters)."
+        f"{len(picks)} of the {fmt(len(every))} evaluation prompts (evenly spaced, not cherry-picked{over}), with "
+        f"every model's response (first {limit} characters)."
     )
     for i, prompt in enumerate(picks, 1):
         rows = []
@@ -397,7 +423,8 @@ def section_timing(data: RunData) -> str:
     timing = data.summary.get("timing_s") or {}
     lines = ["## Timing and memory", ""]
     stages = [s for s in STAGE_LABELS if s != "report" and is_number(timing.get(s))]
-    stages += sorted(s for s in timing if s not in STAGE_LABELS and is_number(timing.get(s)))
+    # pipeline_total (the whole run_all.sh invocation, process start-ups included) is not a stage of its own
+    stages += sorted(s for s in timing if s not in STAGE_LABELS and s != "pipeline_total" and is_number(timing.get(s)))
     if not stages:
         return "\n".join(lines + [note("No stage timings in summary.json (`timing_s`).")])
     total = sum(timing[s] for s in stages)

@@ -39,6 +39,13 @@ def fmt_ci(low, high, digits: int = 3) -> str:
     return f"[{fmt(float(low), digits)}, {fmt(float(high), digits)}]" if is_number(low) and is_number(high) else NA
 
 
+def fmt_p(p) -> str:
+    """A p-value: three decimals from 0.001 up (0.033), else two significant digits (2.0e-04); else n/a."""
+    if not is_number(p):
+        return NA
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
 def fmt_seconds(seconds) -> str:
     """Wall-clock time: seconds below two minutes, minutes below two hours, else hours."""
     if not is_number(seconds):
@@ -63,7 +70,9 @@ def model_label(name: str) -> str:
         return f"best-of-{match.group(1)}"
     if name == "chosen":
         return "dataset chosen"
-    return {"sft": "SFT", "ppo": "PPO", "grpo": "GRPO", "raft": "RAFT", "dpo": "DPO"}.get(name, name)
+    return {"sft": "SFT", "ppo": "PPO", "grpo": "GRPO", "raft": "RAFT", "dpo": "DPO", "online_dpo": "online DPO"}.get(
+        name, name
+    )
 
 
 def order_models(names) -> list[str]:

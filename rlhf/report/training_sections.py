@@ -18,6 +18,7 @@ from rlhf.report.format import (
     eval_models,
     fmt,
     fmt_ci,
+    fmt_p,
     fmt_params,
     fmt_pm,
     fmt_seconds,
@@ -91,10 +92,20 @@ def section_intro(data: RunData) -> str:
         "score 0 on average. It is the proxy that PPO, GRPO and best-of-N optimise, so it can be gamed.",
         "- **KL to ref**: how far a policy has moved from the SFT policy, in nats per response (a Monte Carlo estimate "
         "of Σ log π − log π_ref over the sampled tokens). Higher reward at lower KL is the better trade-off.",
-        "- **Gold score** (embedded task only): the exact quality of a response, which no method ever trains on.",
+    ]
+    if source == "embedded" or any(is_number(m.get("gold_score_mean")) for m in eval_models(summary).values()):
+        lines.append(
+            "- **Gold score** (embedded task only): the exact quality of a response, which no method ever trains on."
+        )
+    lines += [
         "- **Win rate** of A vs B: the share of prompts where a judge prefers A's response, ties counted half, with a "
-        "95% Wilson interval. The **LC** (length-controlled) win rate is the same, predicted at equal response length "
-        "(Dubois et al. 2024), because judges tend to prefer longer answers.",
+        "95% interval built from the per-prompt outcomes (Tango's score interval for paired outcomes, which uses the "
+        "real, smaller variance of tie-heavy comparisons) and the exact sign test of wins against losses, ties "
+        "dropped. A method *beats SFT* (or loses to it) when that interval excludes 0.5 and its sign test, "
+        "Holm-adjusted over the judge's family of comparisons with SFT (Holm 1979), gives p < 0.05: the family of "
+        '"beats SFT" claims is Holm-controlled, so under each judge the chance of any false one is at most 5%. '
+        "The **LC** (length-controlled) win rate is the same, predicted at equal response length "
+        "(Dubois et al. 2024), because judges tend to prefer longer answers; its interval is a bootstrap over prompts.",
         "- **best-of-N**: N samples from the SFT policy, the one the reward model likes best kept; a training-free "
         "baseline at a known KL of log N − (N−1)/N.",
     ]
@@ -136,6 +147,60 @@ def headline_rows(summary: dict) -> tuple[list[str], list[list]]:
     return headers, rows
 
 
+INDEPENDENT_JUDGES = ("gold", "openai")  # judges no stage trained on (online DPO may train on openai's labels)
+PROXY_OPTIMISERS = ("ppo", "grpo", "raft", "online_dpo")  # policies trained to maximise the reward model
+
+
+def and_list(items: list[str]) -> str:
+    """The items as prose: "A", "A and B", "A, B and C"."""
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
+
+
+def judges_statement(data: RunData) -> str:
+    """Which judges ran; and when none of them is independent of training (only the reward model, the proxy the
+    RL stages optimised), that every verdict rests on that proxy, why no independent judge ran, and the command
+    that adds the LLM judge to this run."""
+    win_rates = get_path(data.summary, "eval.win_rates", {}) or {}
+    info = get_path(data.summary, "eval.judges", {}) or {}
+    ran = [j for j in list(JUDGES) + sorted(set(win_rates) - set(JUDGES)) if win_rates.get(j)]
+    if not ran:
+        return ""
+    models = eval_models(data.summary)
+    trained = [model_label(m) for m in order_models(models) if m in PROXY_OPTIMISERS]
+    picked = [model_label(m) for m in order_models(models) if m.startswith("best_of_")]
+    proxy = (
+        "the run's own reward model, the proxy "
+        + (f"that {and_list(trained)} optimised" if trained else "that the RL stages optimise")
+        + (f" and {and_list(picked)} picked by" if picked else "")
+    )
+    independent = [j for j in ran if j in INDEPENDENT_JUDGES]
+    if independent:
+        llm = info.get("openai") if isinstance(info.get("openai"), dict) else {}
+        described = {
+            "gold": "`gold` (the embedded task's exact judge)",
+            "openai": "`openai` (the LLM judge" + (f", `{llm['model']}`" if llm.get("model") else "") + ")",
+        }
+        return (
+            f"**Judges:** {' and '.join(described[j] for j in independent)}, independent of training"
+            + (f"; and `reward`, {proxy}, which favours those policies by construction" if "reward" in ran else "")
+            + "."
+        )
+    skipped = [
+        f"`{j}` {entry['status']}" for j, entry in info.items() if isinstance(entry, dict) and entry.get("status")
+    ]
+    why = "; ".join(skipped) if skipped else "none was configured (`eval.judges` names neither `gold` nor `openai`)"
+    flags = f"--preset {data.preset}" if data.preset else "--config <its config file>"
+    judges_override = "" if "openai" in info else " eval.judges=reward,openai"
+    command = f"bash run_all.sh {flags} --output-dir {data.run_dir or '<run folder>'} --only eval,report --force"
+    return (
+        f"**Judges: the reward model alone.** Every verdict and score below comes from {proxy}, so it favours those "
+        "policies by construction: it shows how far each method pushed the proxy, not that its answers are better. "
+        f"No independent judge ran ({why}). To add the LLM judge, set `OPENAI_API_KEY` (and `OPENAI_BASE_URL` for "
+        f"another OpenAI-compatible server) and run `{command}{judges_override}`, with the run's own "
+        "`section.key=value` overrides if it had any."
+    )
+
+
 def section_headline(data: RunData) -> str:
     headers, rows = headline_rows(data.summary)
     lines = ["## Headline", ""]
@@ -145,6 +210,8 @@ def section_headline(data: RunData) -> str:
         )
     n = get_path(data.summary, "eval.decoding.num_prompts")
     n_bon = get_path(data.summary, "eval.best_of_n.n_prompts")
+    statement = judges_statement(data)
+    lines += [statement, ""] if statement else []
     lines += [
         f"Every model answered the same {fmt(n) + ' ' if is_number(n) else ''}held-out prompts with the same "
         "decoding settings"
@@ -153,21 +220,58 @@ def section_headline(data: RunData) -> str:
         "",
         markdown_table(headers, rows),
     ]
-    glance = at_a_glance(data.summary)
+    glance = at_a_glance(data.summary, data.responses)
     if glance:
-        lines += ["", "At a glance (read off the tables in this report):", ""] + [f"- {line}" for line in glance]
+        proxy_only = statement.startswith("**Judges: the reward model alone.**")
+        lead = "At a glance (read off the tables in this report" + (
+            "; every line rests on the reward model alone, the proxy):" if proxy_only else "):"
+        )
+        lines += ["", lead, ""] + [f"- {line}" for line in glance]
     return "\n".join(lines)
 
 
-def at_a_glance(summary: dict) -> list[str]:
-    """A few plain statements derived from the numbers: who scores highest, and which wins over SFT are significant."""
+def at_a_glance(summary: dict, responses: dict[str, list[dict]] | None = None) -> list[str]:
+    """A few plain statements derived from the numbers: who scores highest, and which wins over SFT are significant.
+
+    Means are ranked only over models that answered the same prompts: a model evaluated on fewer of them (best-of-N,
+    on the first `eval.best_of_n.n_prompts`) is ranked with the others on its own prompts, from `responses`
+    (eval/responses/<model>.jsonl rows), or said to be left out when those are not at hand.
+    A method beats (or loses to) SFT when its 95% interval excludes 0.5 and its Holm-adjusted sign test
+    (`sign_test_p_holm`) is below 0.05; without that key (an older summary.json) the interval alone decides.
+    """
     models = eval_models(summary)
+    n_all = get_path(summary, "eval.decoding.num_prompts")
+    full = [m for m in order_models(models) if not is_number(n_all) or models[m].get("n") in (None, n_all)]
+    fewer = [m for m in order_models(models) if m not in full]
+    responses = responses or {}
     lines = []
-    for key, what in (("reward_mean", "reward-model score"), ("gold_score_mean", "gold score")):
-        scored = [(models[m][key], m) for m in order_models(models) if is_number(models[m].get(key))]
+    for key, row_key, what in (
+        ("reward_mean", "reward", "reward-model score"),
+        ("gold_score_mean", "gold_score", "gold score"),
+    ):
+        scored = [(models[m][key], m) for m in full if is_number(models[m].get(key))]
         if len(scored) > 1:
             value, best = max(scored)
             lines.append(f"Highest mean {what}: {model_label(best)} ({fmt(value)}).")
+        for small in [m for m in fewer if is_number(models[m].get(key))]:
+            prompts = {row.get("prompt") for row in responses.get(small) or []}
+            on_same = {
+                m: [row.get(row_key) for row in responses.get(m) or [] if row.get("prompt") in prompts]
+                for m in [*full, small]
+            }
+            on_same = {m: values for m, values in on_same.items() if len(values) == len(prompts) and prompts}
+            if small in on_same and len(on_same) > 1 and all(is_number(v) for vs in on_same.values() for v in vs):
+                means = sorted(on_same, key=lambda m: -sum(on_same[m]) / len(on_same[m]))  # stable: ties in order
+                lines.append(
+                    f"On the {fmt(len(prompts))} prompts {model_label(small)} answered, mean {what}, highest first: "
+                    + ", ".join(f"{model_label(m)} {fmt(sum(on_same[m]) / len(on_same[m]))}" for m in means)
+                    + "."
+                )
+            else:
+                lines.append(
+                    f"{model_label(small)} answered {fmt(models[small].get('n'))} of the {fmt(n_all)} prompts, so "
+                    f"its mean {what} is not ranked with the others'."
+                )
     win_rates = get_path(summary, "eval.win_rates", {}) or {}
     for judge in [j for j in JUDGES if win_rates.get(j)] + sorted(set(win_rates) - set(JUDGES)):
         for key in ordered_pairings(win_rates[judge] or {}):
@@ -177,10 +281,20 @@ def at_a_glance(summary: dict) -> list[str]:
             low, high, rate = entry.get("ci95_low"), entry.get("ci95_high"), entry.get("win_rate")
             if not (is_number(low) and is_number(high) and is_number(rate)):
                 continue
-            verdict = "beats SFT" if low > 0.5 else "loses to SFT" if high < 0.5 else "is not distinguishable from SFT"
+            p, p_holm = entry.get("sign_test_p"), entry.get("sign_test_p_holm")
+            side = "beats SFT" if low > 0.5 else "loses to SFT" if high < 0.5 else None
+            if side is None:
+                verdict = "is not distinguishable from SFT"
+            elif is_number(p_holm) and p_holm >= 0.05:
+                verdict = "is not distinguishable from SFT after Holm's adjustment"
+            else:
+                verdict = side
+            test = ""
+            if is_number(p):
+                test = f"; sign test p = {fmt_p(p)}" + (f", Holm-adjusted {fmt_p(p_holm)}" if is_number(p_holm) else "")
             lines.append(
                 f"{model_label(pair[0])} {verdict} under the `{judge}` judge: win rate {fmt(rate)}, "
-                f"95% CI {fmt_ci(low, high)} {'includes' if low <= 0.5 <= high else 'excludes'} 0.5."
+                f"95% CI {fmt_ci(low, high)} {'includes' if low <= 0.5 <= high else 'excludes'} 0.5{test}."
             )
     return lines
 
@@ -482,6 +596,20 @@ STAGE_RESULT_KEYS["raft"] = (
     ("episodes", "episodes", 0),
     ("samples_per_prompt", "samples per prompt N", 0),
     ("top_k", "kept per prompt", 0),
+    ("reward_mean", "RM reward", 3),
+    ("sft_reward_mean", "SFT RM reward", 3),
+    ("kl_to_ref", "KL to ref", 3),
+    ("gold_score_mean", "gold score", 3),
+    ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
+    ("time_per_sample_ms", "ms per sample", 1),
+)
+
+
+STAGE_RESULT_KEYS["online_dpo"] = (
+    ("episodes", "episodes", 0),
+    ("judge", "judge", 0),
+    ("reference", "reference", 0),
+    ("pairs_kept_rate", "pairs kept", 3),
     ("reward_mean", "RM reward", 3),
     ("sft_reward_mean", "SFT RM reward", 3),
     ("kl_to_ref", "KL to ref", 3),

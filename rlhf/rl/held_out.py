@@ -137,7 +137,9 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) ->
 
     policy, sft: per-prompt lists {"responses", "rewards", "lengths", "finished", "kl"}, sampled
     with the same settings and seed. With gold=True (embedded task) the gold judge scores both and
-    decides the head-to-head; the reward model's head-to-head is reported too.
+    decides the head-to-head (`head_to_head`: gold_win_rate_ci95 is its 95% paired score interval,
+    gold_sign_test_p the exact sign test of wins vs losses); the reward model's head-to-head is
+    reported too.
     """
     ours, theirs = summarize_samples(prompts, policy, gold), summarize_samples(prompts, sft, gold)
     results = {
@@ -166,6 +168,7 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) ->
                 "gold_losses": gold_h2h["losses"],
                 "gold_ties": gold_h2h["ties"],
                 "gold_win_rate_ci95": [gold_h2h["ci95_low"], gold_h2h["ci95_high"]],
+                "gold_sign_test_p": gold_h2h["sign_test_p"],
             }
         )
         results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
@@ -186,7 +189,10 @@ def evaluate_against_sft(
 ) -> tuple[dict, list[dict]]:
     """The final policy against the SFT policy on the held-out prompts, with the same sampling
     settings and seed for both; the policy's KL is measured to the SFT policy.
-    -> (the `compare_with_sft` summary, per-prompt `eval_rows` for eval_samples.jsonl)."""
+    -> (the `compare_with_sft` summary, per-prompt `eval_rows` for eval_samples.jsonl); with no
+    held-out prompts (`<stage>.eval_prompts=0`, the way to skip it) nothing is sampled: ({"eval_prompts": 0}, [])."""
+    if not prompts.eval_ids:
+        return {"eval_prompts": 0}, []
     policy_eval = sample_for_eval(
         policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator, reference=sft_policy
     )
@@ -219,7 +225,10 @@ def held_out_eval(
 ) -> dict[str, float]:
     """The policy now, on the held-out prompts: `summarize_samples` as `<stage>/eval/*` metrics, with
     the KL measured to the SFT policy. Sampled with the final evaluation's per-prompt seeds, which
-    draw nothing from torch's RNG: training's random stream is the same with or without eval_every."""
+    draw nothing from torch's RNG: training's random stream is the same with or without eval_every.
+    No metrics when there are no held-out prompts (`<stage>.eval_prompts=0`)."""
+    if not prompts.eval_ids:
+        return {}
     samples = sample_for_eval(
         policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator, reference=sft_policy
     )
@@ -237,7 +246,9 @@ def eval_metrics(stage: str, results: dict) -> dict[str, float]:
 
 def final_line(stage: str, results: dict) -> str:
     """The stage's last console line: reward-model score and KL of the final policy against SFT,
-    and on the embedded task the gold scores and gold win rate."""
+    and on the embedded task the gold scores and gold win rate; or that there was no evaluation."""
+    if "reward_mean" not in results:
+        return f"[{stage}] no held-out evaluation ({stage}.eval_prompts=0)"
     line = (
         f"[{stage}] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), "
         f"KL to ref {results['kl_to_ref']:.2f} nats"

@@ -150,9 +150,9 @@ def context_size(model_dir) -> int | None:
 
 
 def set_cpu_threads(stage: str, threads: int, device: torch.device) -> None:
-    """Intra-op threads on CPU. Small ops (generation steps, a few-million-parameter model) are
-    latency-bound: when other jobs share the cores, threads spin waiting for each other and one
-    thread is several times faster than one per core."""
+    """Intra-op threads on CPU; 0 keeps torch's default, one per core, which a quiet machine wants.
+    Small ops (generation steps, a few-million-parameter model) are latency-bound: when other jobs keep
+    the cores busy, threads spin waiting for each other and one thread is several times faster."""
     if threads < 0:
         raise UserError(f"{stage}.cpu_threads={threads} must be >= 0 (0: torch's default)")
     if threads and device.type == "cpu":

@@ -50,6 +50,8 @@ def load_rl_prompts(stage: str, run: RunDir, cfg: Config, tokenizer, n_eval: int
     """The data stage's training prompts and first `n_eval` validation prompts, tokenized and cut
     from the left to data.max_prompt_tokens (the end of a prompt is where the response starts).
     On the embedded task every one must parse for the gold judge."""
+    if n_eval < 0:
+        raise UserError(f"{stage}.eval_prompts={n_eval} must be >= 0 (0: no held-out evaluation)")
     train_texts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
     eval_texts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[:n_eval]
     train_ids = [ids[-cfg.data.max_prompt_tokens :] for ids in encode_texts(tokenizer, train_texts)]

@@ -50,8 +50,9 @@ def gold_metrics(prompts: list[str], responses: list[str]) -> dict[str, Tensor]:
 
 
 def head_to_head(policy_scores: list[float], baseline_scores: list[float]) -> dict:
-    """Per-prompt comparison by score: win when higher, tie when equal. win_rate = (wins + ties/2) / n
-    with a 95% Wilson interval (rlhf.winrates.win_rate_summary)."""
+    """Per-prompt comparison by score: win when higher, tie when equal. `rlhf.winrates.win_rate_summary`
+    of the outcomes: win_rate = (wins + ties/2) / n with its 95% paired score interval (ci95_low,
+    ci95_high) and the exact sign test of wins vs losses (sign_test_p)."""
     outcomes = ["A" if a > b else "B" if a < b else "tie" for a, b in zip(policy_scores, baseline_scores)]
     return win_rate_summary(outcomes)
 

@@ -42,7 +42,15 @@ wanted), `risky_benign` (benign requests that sound risky; a helpful answer is w
 non-harmful prompts the last turn ends in an explicit instruction.
 """
 
-from rlhf.task.annotator import generate_split, gold_agreement, noise_ceiling, p_better, simulated_preference
+from rlhf.task.annotator import (
+    generate_split,
+    gold_agreement,
+    gold_tie_rate,
+    noise_ceiling,
+    p_better,
+    p_first,
+    simulated_preference,
+)
 from rlhf.task.behaviours import BEHAVIOURS, DEFAULT_BEHAVIOUR_WEIGHTS, sample_candidate
 from rlhf.task.gold import (
     FLAGS,
@@ -98,12 +106,14 @@ __all__ = [
     "gold_rewards",
     "gold_score",
     "gold_summary",
+    "gold_tie_rate",
     "hh",
     "is_good",
     "is_good_score",
     "judge",
     "noise_ceiling",
     "p_better",
+    "p_first",
     "parse_prompt",
     "prompt_split",
     "sample_candidate",

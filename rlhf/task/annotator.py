@@ -1,22 +1,27 @@
 """Preference pairs and the annotator that labels them.
 
-A pair is two demonstrator candidates (`behaviours.sample_candidate`) for one prompt with different
-gold scores. The annotator is noisy and length-biased, as human raters are (Bai et al. 2022 and
-Stiennon et al. 2020 report human-human agreement of about 0.63-0.77; raters favour longer answers):
-with probability `length_bias` it picks the longer response (by characters; a coin flip on a tie),
-otherwise with probability `annotator_noise` the gold-worse one, otherwise the gold-better one:
+A pair is two different demonstrator candidates (`behaviours.sample_candidate`) for one prompt. The
+annotator is noisy and length-biased, as human raters are (Bai et al. 2022 and Stiennon et al. 2020 report
+human-human agreement of about 0.63-0.77; raters favour longer answers): with probability `length_bias` it
+picks the longer response (by characters; a coin flip on a tie), otherwise it judges carefully: with
+probability `annotator_noise` the gold-worse one, otherwise the gold-better one. When gold scores the two
+equally, careful judgement has nothing to go on and is a coin flip. So, for the response `first`:
 
-    P(better) = length_bias * L + (1 - length_bias) * (1 - annotator_noise),
-    L = 1 if the better response is longer, 0 if it is shorter, 1/2 on a tie.
+    P(first) = length_bias * L + (1 - length_bias) * C,
+    L = 1 if first is longer, 0 if shorter, 1/2 on equal length;
+    C = 1 - annotator_noise if first is gold-better, annotator_noise if gold-worse, 1/2 on a gold tie.
 
-`p_label` is P(the label this row has) = P(better) if chosen is gold-better, else 1 - P(better).
-The Bayes-optimal predictor of the annotator's labels picks the likelier response of each pair,
-so its expected accuracy (`noise_ceiling`) is mean over pairs of max(P(better), 1 - P(better)) =
-mean(max(p_label, 1 - p_label)); with the defaults (0.1, 0.2) each pair has 0.72, 0.82 or 0.92.
+Every pair the annotator is shown gets a label, as a real rater's would: nothing is filtered by gold (the
+gold judge must never shape the training data). Only what a real pipeline could see is dropped: two
+identical responses (`_sample_pair` draws the second until the texts differ).
+
+`p_label` is P(the label this row has) = P(chosen). The Bayes-optimal predictor of the annotator's labels
+picks the likelier response of each pair, so its expected accuracy (`noise_ceiling`) is
+mean(max(p_label, 1 - p_label)); with the defaults (0.1, 0.2) a gold-decisive pair has 0.72, 0.82 or 0.92,
+a gold tie 0.6 (one response longer) or 0.5.
 
 The same annotator labels pairs of any two responses (`simulated_preference`), e.g. a policy's own
-samples in the `collect` stage. Two responses of equal gold score are a tie: the dataset never pairs
-them (`_sample_pair` draws until the scores differ), and the collected pairs follow the same rule.
+samples in the `collect` stage.
 """
 
 from __future__ import annotations
@@ -28,67 +33,91 @@ from rlhf.task.gold import judge
 from rlhf.task.prompts import TaskSpec, check_split, parse_prompt, prompt_split, sample_prompt
 
 
-def _sample_pair(
-    spec: TaskSpec, rng: random.Random, weights: dict, tries: int = 20
-) -> tuple[str, float, str, float] | None:
-    """Two candidates with different gold scores, (text_a, gold_a, text_b, gold_b), or None after `tries`."""
-    a = sample_candidate(spec, rng, weights)[1]
-    gold_a = judge(spec, a)["score"]
+def _sample_pair(spec: TaskSpec, rng: random.Random, weights: dict, tries: int = 20) -> tuple[str, str] | None:
+    """Two different candidate texts for one prompt, or None after `tries` draws of the second."""
+    first = sample_candidate(spec, rng, weights)[1]
     for _ in range(tries):
-        b = sample_candidate(spec, rng, weights)[1]
-        gold_b = judge(spec, b)["score"]
-        if gold_b != gold_a:
-            return a, gold_a, b, gold_b
+        second = sample_candidate(spec, rng, weights)[1]
+        if second != first:
+            return first, second
     return None
 
 
+def _longer(first: str, second: str) -> float:
+    """L: 1 if `first` is longer (characters), 0 if shorter, 1/2 on equal length."""
+    return 1.0 if len(first) > len(second) else 0.0 if len(first) < len(second) else 0.5
+
+
+def p_first(
+    first: str, second: str, gold_first: float, gold_second: float, annotator_noise: float, length_bias: float
+) -> float:
+    """P(annotator picks `first`) = length_bias * L + (1 - length_bias) * C (module docstring)."""
+    careful = 1 - annotator_noise if gold_first > gold_second else annotator_noise if gold_first < gold_second else 0.5
+    return length_bias * _longer(first, second) + (1 - length_bias) * careful
+
+
 def p_better(better: str, worse: str, annotator_noise: float, length_bias: float) -> float:
-    """P(annotator picks `better`): length_bias * L + (1 - length_bias) * (1 - annotator_noise)."""
-    longer = 1.0 if len(better) > len(worse) else 0.0 if len(better) < len(worse) else 0.5
-    return length_bias * longer + (1 - length_bias) * (1 - annotator_noise)
+    """P(annotator picks `better`, the gold-better response): length_bias * L + (1 - length_bias) * (1 - noise)."""
+    return length_bias * _longer(better, worse) + (1 - length_bias) * (1 - annotator_noise)
 
 
-def picks_better(better: str, worse: str, rng: random.Random, annotator_noise: float, length_bias: float) -> bool:
-    """One draw of the annotator: True when it prefers `better` (the gold-better response).
+def _coin(first: str, second: str, rng: random.Random) -> bool:
+    """A fair coin for `first`, which names the response it lands on by text, not by position: the same draw
+    picks the same response whichever order the pair is shown in."""
+    return (rng.random() < 0.5) == (first < second)
 
-    With probability `length_bias` a length-biased judgement (the longer response, a coin flip on
-    equal lengths), otherwise a careful one, wrong with probability `annotator_noise`; so
-    P(True) = p_better(better, worse, annotator_noise, length_bias).
+
+def picks_first(
+    first: str,
+    second: str,
+    gold_first: float,
+    gold_second: float,
+    rng: random.Random,
+    annotator_noise: float,
+    length_bias: float,
+) -> bool:
+    """One draw of the annotator: True when it prefers `first`; P(True) = p_first(...).
+
+    With probability `length_bias` a length-biased judgement (the longer response, a coin flip on equal
+    lengths); otherwise a careful one: the gold-better response, except with probability `annotator_noise`,
+    and a coin flip when gold ties the two.
     """
     if rng.random() < length_bias:
-        return len(better) > len(worse) or (len(better) == len(worse) and rng.random() < 0.5)
-    return rng.random() >= annotator_noise
+        longer = _longer(first, second)
+        return longer == 1.0 or (longer == 0.5 and _coin(first, second, rng))
+    if gold_first == gold_second:
+        return _coin(first, second, rng)
+    return (rng.random() >= annotator_noise) == (gold_first > gold_second)
 
 
 def simulated_preference(
     prompt: str, first: str, second: str, rng: random.Random, annotator_noise: float, length_bias: float
 ) -> tuple[str, float, float]:
-    """The annotator on any two responses: ("A" if it prefers `first`, "B" for `second`, "tie" when
-    their gold scores are equal), with the gold scores of `first` and `second`."""
+    """The annotator on any two responses: "A" if it prefers `first`, "B" for `second` (it always picks one,
+    gold tie or not), with the gold scores of `first` and `second`."""
     spec = parse_prompt(prompt)
     gold_first, gold_second = judge(spec, first)["score"], judge(spec, second)["score"]
-    if gold_first == gold_second:
-        return "tie", gold_first, gold_second
-    better, worse = (first, second) if gold_first > gold_second else (second, first)
-    first_wins = picks_better(better, worse, rng, annotator_noise, length_bias) == (better is first)
+    first_wins = picks_first(first, second, gold_first, gold_second, rng, annotator_noise, length_bias)
     return ("A" if first_wins else "B"), gold_first, gold_second
 
 
-def _annotate(prompt: str, family: str, pair: tuple, rng: random.Random, noise: float, length_bias: float) -> dict:
-    a, gold_a, b, gold_b = pair
-    (better, gold_better), (worse, gold_worse) = sorted(((a, gold_a), (b, gold_b)), key=lambda x: -x[1])
-    chose_better = picks_better(better, worse, rng, noise, length_bias)
-    p = p_better(better, worse, noise, length_bias)
-    chosen, rejected = (better, gold_better), (worse, gold_worse)
-    if not chose_better:
-        chosen, rejected = rejected, chosen
+def _annotate(
+    prompt: str, family: str, pair: tuple[str, str], rng: random.Random, noise: float, length_bias: float
+) -> dict:
+    spec = parse_prompt(prompt)
+    (a, b), (gold_a, gold_b) = pair, (judge(spec, pair[0])["score"], judge(spec, pair[1])["score"])
+    a_chosen = picks_first(a, b, gold_a, gold_b, rng, noise, length_bias)
+    p_a = p_first(a, b, gold_a, gold_b, noise, length_bias)
+    (chosen, gold_chosen), (rejected, gold_rejected) = (
+        ((a, gold_a), (b, gold_b)) if a_chosen else ((b, gold_b), (a, gold_a))
+    )
     return {
-        "chosen": f"{prompt} {chosen[0]}",
-        "rejected": f"{prompt} {rejected[0]}",
-        "gold_chosen": chosen[1],
-        "gold_rejected": rejected[1],
+        "chosen": f"{prompt} {chosen}",
+        "rejected": f"{prompt} {rejected}",
+        "gold_chosen": gold_chosen,
+        "gold_rejected": gold_rejected,
         "family": family,
-        "p_label": p if chose_better else 1 - p,
+        "p_label": p_a if a_chosen else 1 - p_a,
     }
 
 
@@ -123,7 +152,7 @@ def generate_split(
         if pair is None:
             failures += 1
             if failures > 1000:
-                raise ValueError(f"behaviour weights {pool} rarely give two responses with different gold scores")
+                raise ValueError(f"behaviour weights {pool} rarely give two different responses")
             continue
         failures = 0
         rows.append(_annotate(prompt, spec.family, pair, rng, annotator_noise, length_bias))
@@ -141,8 +170,17 @@ def noise_ceiling(rows: list[dict]) -> float:
     return sum(max(r["p_label"], 1 - r["p_label"]) for r in rows) / len(rows)
 
 
-def gold_agreement(rows: list[dict]) -> float:
-    """Fraction of rows whose chosen response has the higher gold score."""
+def gold_agreement(rows: list[dict]) -> float | None:
+    """Over the rows where gold is decisive (the two gold scores differ), the fraction whose chosen response
+    has the higher gold score; None when gold ties every row."""
     if not rows:
         raise ValueError("gold_agreement needs at least one row")
-    return sum(r["gold_chosen"] > r["gold_rejected"] for r in rows) / len(rows)
+    decisive = [r for r in rows if r["gold_chosen"] != r["gold_rejected"]]
+    return sum(r["gold_chosen"] > r["gold_rejected"] for r in decisive) / len(decisive) if decisive else None
+
+
+def gold_tie_rate(rows: list[dict]) -> float:
+    """Fraction of rows whose two responses gold scores equally (labelled by length or a coin flip)."""
+    if not rows:
+        raise ValueError("gold_tie_rate needs at least one row")
+    return sum(r["gold_chosen"] == r["gold_rejected"] for r in rows) / len(rows)

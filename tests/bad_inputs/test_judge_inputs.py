@@ -1,15 +1,17 @@
-"""Bad judge inputs: no API key, a base URL where nothing answers, and answers that are not verdicts.
+"""Bad judge inputs: no API key, a base URL where nothing answers, a server that breaks off or goes
+away mid-batch, answers that are not verdicts, and answers far over max_tokens.
 The OpenAI judge runs against the fake OpenAI-compatible server of tests/fake_openai.py on 127.0.0.1.
 A judge's trouble never stops the eval stage: the judge is skipped, or its judgments are counted
 invalid (never a win or a tie) with one line per problem that names the cause and the fix."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 
 import pytest
-from fake_openai import KEY, FakeOpenAI, hh, settings
+from fake_openai import HUGE_CHARS, KEY, FakeOpenAI, hh, settings
 
 from rlhf import judges as J
 from rlhf.errors import UserError
@@ -48,8 +50,63 @@ def test_unreachable_base_url_stops_the_batch_after_one_request_gives_up(server,
     [problem] = cmp.problems()
     assert "10 of 10 judgments failed" in problem and f"nothing answers at {url}" in problem
     assert "check judge.base_url or OPENAI_BASE_URL" in problem and "not attempted" in problem
+    assert "Connection refused" in problem  # the transport error under openai's "Connection error."
     assert KEY not in problem and "\n" not in problem
     assert not (tmp_path / "cache.jsonl").exists()  # failures are never cached: a re-run asks again
+
+
+def test_a_response_cut_off_mid_body_fails_that_request_alone(server, tmp_path):
+    """After earlier answers, one request's response breaks off mid-body (headers announce the whole
+    answer, half comes, the connection closes) on every attempt: that request fails, labelled as a
+    broken response, and the batch goes on. Before, this read as 'nothing answers at <url>': the
+    batch stopped and every request after it was 'not attempted'."""
+    cache = tmp_path / "cache.jsonl"
+    s = settings(server, max_concurrency=1)  # in order: p0, p1 (answered), p2 (cut), p3 (cut once), then B-first
+    a = A[:2] + [f"CUT_BODY {A[2]}", f"CUT_FIRST {A[3]}"]
+    cmp = J.OpenAIJudge(s, cache_path=cache).compare(PROMPTS[:4], a, B[:4])
+    assert cmp.outcomes == ["A", "A", "invalid", "A"]  # a cut on the first attempt only is retried and answered
+    assert len(server.requests) == 2 * 2 + 2 * 3 + 2 * 2  # p0, p1: 1 each; p2: 1 + max_retries; p3: 2 each
+    failed = [j for j in cmp.judgments_ab + cmp.judgments_ba if j.error]
+    assert len(failed) == 2 and cmp.info["n_failed"] == 2 and cmp.info["n_judgments"] == 8
+    for j in failed:
+        assert j.error.startswith("APIConnectionError: Connection error. (RemoteProtocolError: peer closed connection")
+        assert j.error.endswith("(the connection broke before a complete response; gave up after 3 attempts)")
+    [problem] = cmp.problems()
+    assert problem.startswith("openai: 2 of 8 judgments failed, counted invalid: APIConnectionError")
+    assert "nothing answers" not in problem and "not attempted" not in problem and "\n" not in problem
+    assert len(cache.read_text().splitlines()) == 6  # every answered request; the cut ones are asked again next run
+
+
+class VanishingServer(FakeOpenAI):
+    """Answers `n_before` requests, then closes its listening socket: later connections are refused."""
+
+    n_before = 2
+
+    def respond(self, user, attempt, auth, model):
+        if len(self.requests) == self.n_before:
+            self.httpd.shutdown()  # this handler runs in its own thread, not the serving one
+            self.httpd.socket.close()
+        return super().respond(user, attempt, auth, model)
+
+
+def test_a_server_that_goes_away_mid_batch_stops_it_and_says_so(server):
+    """Connections refused after the retries stop the batch, but the line does not claim that nothing
+    ever answered: it says how many requests the server answered first."""
+    gone = VanishingServer()
+    try:
+        s = settings(gone, max_concurrency=1)
+        cmp = J.OpenAIJudge(s).compare(PROMPTS, A, B)
+    finally:
+        gone.httpd.server_close()
+    assert [j.verdict for j in cmp.judgments_ab[:2]] == ["A", "A"] and len(gone.requests) == 2
+    assert cmp.outcomes == ["invalid"] * 5  # no B-first judgment came back
+    refused, *rest = [j.error for j in cmp.judgments_ab[2:] + cmp.judgments_ba]
+    assert refused.startswith("APIConnectionError: Connection error. (ConnectError: ") and "refused" in refused
+    assert refused.endswith(
+        f"(gave up after 3 attempts; {gone.url} answered 2 requests of this batch, then stopped taking "
+        "connections: check that the server is still running)"
+    )
+    assert rest == ["not attempted: the batch was stopped by an earlier error"] * 7
 
 
 def test_timeouts_are_still_retried_per_request(server):
@@ -114,16 +171,20 @@ def test_a_reply_that_is_not_a_chat_completion_is_a_failed_judgment(odd_server, 
         assert "check that judge.base_url is an OpenAI-compatible /v1 endpoint" in problem
 
 
-def test_eval_stage_with_the_llm_judge_writes_the_key_into_no_file(server, rl_run):
-    """The eval stage as a user runs it, with a fake key in the environment and the LLM judge on
-    127.0.0.1: the server receives the key, and no file of the run folder contains it."""
+@pytest.fixture
+def eval_run(rl_run):
+    """`rl_run` with a test split (the template has none) for the eval stage."""
+    shutil.copy(rl_run / "data" / "val.jsonl", rl_run / "data" / "test.jsonl")
+    return rl_run
+
+
+def run_eval(run, server, *overrides: str):
+    """The eval stage on `run` (6 prompts, no suites) with the LLM judge at `server`."""
     from conftest import run_script
 
-    shutil.copy(rl_run / "data" / "val.jsonl", rl_run / "data" / "test.jsonl")  # the template has no test split
-    run_script(
+    return run_script(
         "part4_eval/evaluate.py",
-        rl_run,
-        "eval.judges=gold,reward,openai",
+        run,
         "eval.num_prompts=6",
         "eval.best_of_n=2",
         "eval.best_of_n_prompts=3",
@@ -131,8 +192,35 @@ def test_eval_stage_with_the_llm_judge_writes_the_key_into_no_file(server, rl_ru
         "eval.max_new_tokens=8",
         f"judge.base_url={server.url}",
         "judge.model=judge-test",
+        *overrides,
     )
+
+
+def test_eval_stage_with_the_llm_judge_writes_the_key_into_no_file(server, eval_run):
+    """The eval stage as a user runs it, with a fake key in the environment and the LLM judge on
+    127.0.0.1: the server receives the key, and no file of the run folder contains it."""
+    run_eval(eval_run, server, "eval.judges=gold,reward,openai")
     assert server.requests and all(auth == f"Bearer {KEY}" for _, auth, _ in server.requests)
-    written = [p for p in rl_run.rglob("*") if p.is_file()]
-    assert (rl_run / "eval" / "openai_cache.jsonl") in written
+    written = [p for p in eval_run.rglob("*") if p.is_file()]
+    assert (eval_run / "eval" / "openai_cache.jsonl") in written
     assert not [p for p in written if KEY.encode() in p.read_bytes()]
+
+
+def test_eval_stage_with_1mb_judge_answers_keeps_the_run_folder_small(server, eval_run):
+    """A server that ignores max_tokens and answers 1 MB to every request: the eval stage keeps the
+    verdicts, 2 KB of each answer (8 characters per judge.max_tokens token), each answer once (in
+    openai_cache.jsonl; win_rates.json refers to it by key). Before: every answer whole, in the cache
+    and again in win_rates.json (48 MB for 24 requests)."""
+    before = sum(p.stat().st_size for p in eval_run.rglob("*") if p.is_file())
+    server.padding = HUGE_CHARS
+    result = run_eval(eval_run, server, "eval.judges=openai", "judge.max_tokens=256")
+    added = sum(p.stat().st_size for p in eval_run.rglob("*") if p.is_file()) - before
+    cache = eval_run / "eval" / "openai_cache.jsonl"
+    entries = [json.loads(line) for line in cache.read_text().splitlines()]
+    assert len(entries) >= 10 and len(entries) <= len(server.requests)
+    assert all(e["answer_chars"] > HUGE_CHARS and len(e["answer"]) < 2048 + 60 for e in entries)
+    assert added < len(entries) * 2048 + 100_000, added  # measured: 24 answers, 74 KB (48 MB before)
+    assert added < HUGE_CHARS  # less than one answer's worth for the whole stage
+    stored = sum(p.read_bytes().count(b"Let me think.") for p in eval_run.rglob("*") if p.is_file())
+    assert stored == len(entries)  # each answer once
+    assert "answers were longer than 2048 characters" in result.stdout

@@ -1,0 +1,381 @@
+"""Stage `online_dpo`: DPO on pairs of the current policy's own samples, labelled as training goes.
+
+    python part3_dpo/train_online_dpo.py --preset tiny [online_dpo.judge=simulated] [online_dpo.reference=iteration]
+
+Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init and reference) and `<run>/reward/model/`
+(the default judge; it also scores the held-out evaluations). Writes `<run>/online_dpo/model/` in Hugging
+Face format, samples.jsonl (pairs), eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png,
+metrics.jsonl, and `online_dpo.*` / `timing_s.online_dpo` in summary.json. Metric keys: rlhf/online_dpo.py.
+
+Offline DPO (part3_dpo/train_dpo.py) learns from pairs a demonstrator wrote; once the policy moves, those
+pairs say little about what it now samples. Online DPO (Guo et al. 2024, "Direct Language Model Alignment
+from Online AI Feedback", arXiv 2402.04792, Algorithm 1; iterative DPO, Xu et al. 2023, arXiv 2312.16682)
+labels the policy's own samples instead. Each iteration:
+1. sample K = `online_dpo.samples_per_prompt` responses to each of batch_size / K training prompts from the
+   current policy, prompt i's row from its own seed (W processes sample what one does);
+2. the judge makes each prompt's samples a pair: `reward` ranks them by `online_dpo.reward` (the reward model
+   by default, a response without EOS losing `missing_eos_penalty`, as in PPO) and pairs the best with the
+   worst; `simulated` / `openai` are the collect stage's pairwise annotators. Prompts without a preference
+   (equal scores, identical samples, an annotator tie or failure) are left out and counted;
+3. reference log-probs of the pairs: pi_ref is the SFT policy by default (`online_dpo.reference=sft`, as Guo
+   et al. and TRL's OnlineDPOTrainer: a fixed anchor keeps the implicit KL penalty measured from where every
+   other method starts); `iteration` uses the sampling policy itself, iterative DPO's choice, which lets each
+   step move beta-far from the last;
+4. `online_dpo.epochs` DPO steps on the pairs (`rlhf.losses.DPO_LOSSES`, the offline stage's loss, through
+   `rlhf.dpo.make_loss_fn`).
+One optimizer and one learning-rate schedule run across the iterations.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from rlhf.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
+from rlhf.cli import run_stage, start_stage
+from rlhf.dpo import PrecomputedReference, local_pair_logps, make_loss_fn
+from rlhf.errors import UserError
+from rlhf.judges import OpenAIJudge, SimulatedAnnotatorJudge
+from rlhf.lora import load_trainable_policy, reference_policy
+from rlhf.losses import DPO_AVERAGES_LOGPS
+from rlhf.models import load_reward_model, load_tokenizer
+from rlhf.online_dpo import (
+    best_worst_pairs,
+    check_online_dpo_config,
+    pair_indices_to_rows,
+    plan_online_dpo,
+    split_micro_batches,
+)
+from rlhf.rewards import load_reward_source
+from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
+from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
+from rlhf.rl.plan import check_context, context_size, set_cpu_threads
+from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.publish import publish_rl
+from rlhf.rl.roles import check_frozen, frozen, frozen_digests
+from rlhf.rl.shaping import apply_missing_eos_penalty
+from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
+from rlhf.rollout import SamplingConfig, generate_rollout, sampling_seeds, score_rollout
+from rlhf.run import stage_seed
+from rlhf.signals import checkpoint_due
+from rlhf.training import build_optimizer, build_scheduler, make_accelerator, train_step
+
+CURVES = [
+    "online_dpo/objective/scores",
+    "online_dpo/gold/score_mean",
+    "online_dpo/pairs/kept_rate",
+    "online_dpo/pairs/score_margin",
+    "online_dpo/train/loss",
+    "online_dpo/train/rewards/accuracies",
+    "online_dpo/train/rewards/margins",
+    "online_dpo/responses/length_mean",
+    "online_dpo/responses/eos_rate",
+    "online_dpo/train/grad_norm",
+]
+EVAL_CURVES = ["online_dpo/eval/reward_mean", "online_dpo/eval/gold_score_mean", "online_dpo/eval/kl_to_ref"]
+
+
+def build_pairwise_annotator(cfg, run):
+    """The collect stage's annotators, for online_dpo.judge=simulated|openai (pairwise, both orders for the LLM)."""
+    if cfg.online_dpo.judge == "simulated":
+        spec = cfg.data.embedded
+        return SimulatedAnnotatorJudge(spec.annotator_noise, spec.length_bias, seed=stage_seed(cfg, "online_dpo"))
+    return OpenAIJudge(cfg.judge, cache_path=run.stage("online_dpo") / "openai_cache.jsonl")
+
+
+def validate(cfg) -> None:
+    """Config errors in one line, before any model is loaded."""
+    check_online_dpo_config(cfg.online_dpo)
+    if cfg.online_dpo.judge == "simulated" and cfg.data.path != "embedded":
+        raise UserError(
+            "online_dpo.judge=simulated labels only the embedded task's prompts (data.path=embedded); "
+            "use online_dpo.judge=reward or online_dpo.judge=openai"
+        )
+    if cfg.online_dpo.judge == "openai" and not OpenAIJudge(cfg.judge).available():
+        raise UserError(
+            f"online_dpo.judge=openai {OpenAIJudge(cfg.judge).unavailable_reason}; export it (and OPENAI_BASE_URL "
+            "or judge.base_url for another server), or use online_dpo.judge=reward"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    started = start_stage("online_dpo", argv, requires=("reward",), check=validate)
+    if started is None:
+        return
+    cfg, run = started
+    ocfg = cfg.online_dpo
+    seed = stage_seed(cfg, "online_dpo")
+    gold = cfg.data.path == "embedded"  # the embedded task has a gold judge: logging and evaluation only
+    t_start = time.perf_counter()
+
+    # 1. Judge, prompts and derived sizes, checked before any model is loaded.
+    reward_source = load_reward_source("online_dpo", ocfg.reward)
+    accelerator = make_accelerator(cfg)
+    tokenizer = load_tokenizer(run.model_dir("sft"))
+    prompts = load_rl_prompts("online_dpo", run, cfg, tokenizer, ocfg.eval_prompts)
+    plan = plan_online_dpo(ocfg, accelerator.num_processes, len(prompts.train_ids))
+    check_context("online_dpo", prompts.longest, ocfg.max_new_tokens, context_size(run.model_dir("sft")))
+    annotator = build_pairwise_annotator(cfg, run) if ocfg.judge != "reward" else None
+    sampling = SamplingConfig(ocfg.max_new_tokens, ocfg.temperature, ocfg.top_p, ocfg.top_k)
+    device, rank, K = accelerator.device, accelerator.process_index, ocfg.samples_per_prompt
+    average = DPO_AVERAGES_LOGPS[ocfg.loss_type]
+    set_cpu_threads("online_dpo", ocfg.cpu_threads, device)
+
+    def collate(pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
+        return collate_shared_prompt_pairs(pairs, tokenizer.pad_token_id)
+
+    # 2. Roles: a trainable policy, the frozen reward model (judge and held-out scorer) and the frozen SFT policy
+    #    (the reference with online_dpo.reference=sft, and the KL anchor of every evaluation). With LoRA the SFT
+    #    policy is the policy with its adapters disabled.
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
+    sft_policy = reference_policy(policy, run.model_dir("sft"), device)
+    frozen_roles = {"reward": reward_model, "sft": sft_policy}
+    frozen_before = frozen_digests(frozen_roles)
+    optimizer = build_optimizer(policy, ocfg)
+    scheduler = build_scheduler(optimizer, ocfg, plan.optimizer_steps)
+    policy, optimizer = accelerator.prepare(policy, optimizer)
+    accelerator.print(
+        f"[online_dpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x K={K}, judge "
+        f"{ocfg.judge}, reference {ocfg.reference}; loss {ocfg.loss_type} beta={ocfg.beta}; policy "
+        f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters"
+    )
+
+    # 3. Resume from the last checkpoint written for this same config, if any (taken between iterations).
+    state = load_rl_checkpoint("online_dpo", run, cfg, accelerator, policy, optimizer, scheduler, plan.iterations)
+    iteration = resumed_from = 0 if state is None else state["iteration"]
+    logger = open_rl_logger("online_dpo", run, cfg, accelerator, iteration, plan.iterations)
+    eval_s = 0.0  # seconds of held-out evaluation inside the loop, left out of its per-sample cost
+
+    def evaluate_now() -> dict[str, float]:
+        """The current policy on the held-out prompts (RM score, gold score, KL to SFT), as online_dpo/eval/*."""
+        nonlocal eval_s
+        started = time.perf_counter()
+        measured = held_out_eval(
+            "online_dpo",
+            accelerator.unwrap_model(policy),
+            sft_policy,
+            reward_model,
+            tokenizer,
+            prompts,
+            sampling,
+            seed,
+            ocfg.forward_batch_size,
+            accelerator,
+            gold,
+        )
+        eval_s += time.perf_counter() - started
+        return measured
+
+    loop_start = time.perf_counter()
+    if iteration == 0 and eval_due(0, ocfg.eval_every, plan.iterations):
+        logger.log(0, evaluate_now())
+    metrics: dict[str, float] = {}
+
+    # 4. Iterations: sample K per prompt, judge them into pairs, take DPO steps on the pairs.
+    while iteration < plan.iterations:
+        # 4a. Samples from the current policy: prompt p's K samples in rows p*K .. p*K + K-1; row i of the global
+        #     batch from its own seed.
+        t0 = time.perf_counter()
+        local_rows = local_prompt_rows(
+            len(prompts.train_ids), plan.prompts_per_iteration, iteration, seed, rank, accelerator.num_processes, K
+        )
+        local_batch = len(local_rows)
+        policy.eval()
+        with accelerator.autocast():
+            rollout = generate_rollout(
+                accelerator.unwrap_model(policy),
+                tokenizer,
+                [prompts.train_ids[i] for i in local_rows],
+                sampling,
+                ocfg.forward_batch_size,
+                row_seeds=sampling_seeds(seed, iteration, range(rank * local_batch, (rank + 1) * local_batch)),
+            )
+        t1 = time.perf_counter()
+
+        # 4b. The judge: each prompt's best and worst sample by score, or the annotator's verdict on the two.
+        batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
+        response_ids = rollout.response_ids()  # EOS included when the response has one
+        if annotator is None:
+            with accelerator.autocast():
+                rm_scores = (
+                    score_rollout(reward_model, rollout, ocfg.forward_batch_size) if reward_source.uses_model else None
+                )  # (P*K,)
+            raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)
+            scores = apply_missing_eos_penalty(
+                raw_scores.to(device), rollout.finished, ocfg.missing_eos_penalty
+            )  # (P*K,)
+            chosen, rejected, has_pair = best_worst_pairs(scores.view(-1, K).cpu())  # (P,) each
+        else:
+            reward_terms, scores = {}, None
+            firsts, seconds = range(0, local_batch, 2), range(1, local_batch, 2)
+            verdicts = annotator.compare(
+                batch_prompts[::2], [responses[i] for i in firsts], [responses[i] for i in seconds]
+            ).outcomes
+            chosen = torch.tensor([0 if v == "A" else 1 for v in verdicts])  # (P,)
+            rejected = 1 - chosen
+            has_pair = torch.tensor([v in ("A", "B") for v in verdicts])
+        identical = torch.tensor(
+            [len({tuple(response_ids[p * K + k]) for k in range(K)}) == 1 for p in range(local_batch // K)]
+        )
+        has_pair &= ~identical  # (P,)
+        chosen_rows, rejected_rows = pair_indices_to_rows(chosen, rejected, has_pair, K)  # rows of the rollout batch
+        pairs = [
+            EncodedPair(prompts.train_ids[local_rows[c]], response_ids[c], response_ids[r])
+            for c, r in zip(chosen_rows, rejected_rows)
+        ]
+        n_pairs = int(accelerator.reduce(torch.tensor(len(pairs), device=device), reduction="sum"))
+        if not pairs and n_pairs:  # other processes step: join them with a pair of one response with itself, whose
+            # DPO gradient is exactly zero (chosen and rejected log-probs move together)
+            pairs = [EncodedPair(prompts.train_ids[local_rows[0]], response_ids[0], response_ids[0])]
+        # 4c. Reference log-probs of the pairs: the SFT policy, or the sampling policy itself (no grad either way).
+        ref_model = sft_policy if ocfg.reference == "sft" else accelerator.unwrap_model(policy)
+        ref_logps = local_pair_logps(ref_model, pairs, collate, ocfg.forward_batch_size, accelerator, average)
+        reference = PrecomputedReference({"train": ref_logps})  # (n, 2), looked up by batch["index"]
+        t2 = time.perf_counter()
+
+        # 4d. DPO steps on the pairs, in micro-batches of near-equal size (gradients averaged over processes).
+        loss_fn = make_loss_fn(
+            ocfg.loss_type, ocfg.beta, ocfg.label_smoothing, reference, length_heuristic=ocfg.length_heuristic
+        )
+        order = sorted(range(len(pairs)), key=lambda i: shared_prompt_pair_length(pairs[i]))  # little padding
+        micro = [
+            {**collate([pairs[order[i]] for i in chunk]), "index": torch.tensor([order[i] for i in chunk])}
+            for chunk in split_micro_batches(len(pairs), ocfg.micro_batch_size)
+        ]
+        train_stats: dict[str, list[torch.Tensor]] = {}
+        for epoch in range(ocfg.epochs if n_pairs else 0):  # no pair on any process: nothing to learn, no step
+            step_stats = train_step(
+                "online_dpo",
+                run,
+                iteration * ocfg.epochs + epoch,
+                accelerator,
+                policy,
+                optimizer,
+                scheduler,
+                micro,
+                loss_fn,
+                ocfg.max_grad_norm,
+            )
+            for key, value in step_stats.items():
+                train_stats.setdefault(key, []).append(value)
+        t3 = time.perf_counter()
+        iteration += 1
+        logger.advance()
+
+        # 4e. Metrics (means over processes), a few pairs, checkpoint.
+        local = {
+            "pairs/kept_rate": has_pair.float().mean(),
+            "pairs/chosen_length_mean": torch.tensor([len(response_ids[c]) for c in chosen_rows] or [0.0])
+            .float()
+            .mean(),
+            "pairs/rejected_length_mean": torch.tensor([len(response_ids[r]) for r in rejected_rows] or [0.0])
+            .float()
+            .mean(),
+            **{f"train/{key}": torch.stack(values).mean() for key, values in train_stats.items()},
+            **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
+        }
+        if scores is not None:
+            local["objective/scores"] = scores.mean()
+            margins = scores[chosen_rows] - scores[rejected_rows] if chosen_rows else scores.new_zeros(1)
+            local["pairs/score_margin"] = margins.mean()
+        shown_scores = scores if scores is not None else torch.zeros(local_batch, device=device)
+        local.update(
+            response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, shown_scores)), t1 - t0)
+        )
+        if gold:  # logging only: the gold judge never labels or selects what online DPO trains on
+            local.update(gold_metrics(batch_prompts, responses))
+        metrics = {
+            f"online_dpo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item()
+            for key, value in local.items()
+        }
+        metrics.update(
+            {
+                "online_dpo/train/lr": scheduler.get_last_lr()[0],
+                "online_dpo/time/generate_s": t1 - t0,
+                "online_dpo/time/judge_s": t2 - t1,
+                "online_dpo/time/train_s": t3 - t2,
+                "online_dpo/memory/peak_mb": peak_memory_mb(device)[0],
+                "online_dpo/train/episodes": iteration * ocfg.batch_size,
+            }
+        )
+        logger.log(iteration, metrics, postfix=("online_dpo/pairs/kept_rate", "online_dpo/train/loss"))
+        if eval_due(iteration, ocfg.eval_every, plan.iterations):  # before the checkpoint: a resumed run has the row
+            logger.log(iteration, evaluate_now())
+        if accelerator.is_main_process and ocfg.samples_every and iteration % ocfg.samples_every == 0:
+            shown = list(zip(chosen_rows, rejected_rows))[: ocfg.num_samples]
+            append_samples(
+                run.stage("online_dpo") / "samples.jsonl",
+                iteration,
+                [batch_prompts[c] for c, _ in shown for _ in range(2)],
+                [responses[row] for pair in shown for row in pair],
+                [float(scores[row]) if scores is not None else float("nan") for pair in shown for row in pair],
+                [bool(rollout.finished[row]) for pair in shown for row in pair],
+                gold,
+            )
+        if checkpoint_due(accelerator, ocfg.save_every, iteration, plan.iterations):
+            save_rl_checkpoint("online_dpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
+    unwrapped = accelerator.unwrap_model(policy)
+    costs = loop_costs(
+        time.perf_counter() - loop_start - eval_s,
+        (iteration - resumed_from) * ocfg.batch_size,
+        device,
+        [unwrapped, reward_model, sft_policy],
+        [optimizer],
+    )
+    check_frozen("online_dpo", frozen_roles, frozen_before)
+
+    # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both.
+    results, eval_samples = evaluate_against_sft(
+        unwrapped,
+        sft_policy,
+        reward_model,
+        tokenizer,
+        prompts,
+        sampling,
+        seed,
+        ocfg.forward_batch_size,
+        accelerator,
+        gold,
+    )
+    trained = resumed_from < iteration
+    results.update(
+        {
+            "iterations": iteration,
+            "episodes": iteration * ocfg.batch_size,
+            "optimizer_steps": iteration * ocfg.epochs,
+            "resumed_from_iteration": resumed_from,
+            "samples_per_prompt": K,
+            "judge": ocfg.judge if annotator is None else annotator.name,
+            "reference": ocfg.reference,
+            "loss_type": ocfg.loss_type,
+            "beta": ocfg.beta,
+            "reward_source": reward_source.spec if annotator is None else None,
+            "pairs_kept_rate": metrics.get("online_dpo/pairs/kept_rate") if trained else None,
+            "train_score_mean": metrics.get("online_dpo/objective/scores") if trained else None,
+            **costs,
+            "frozen_roles_unchanged": True,
+        }
+    )
+    logger.log(iteration, eval_metrics("online_dpo", results))
+
+    # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
+    publish_rl(
+        "online_dpo",
+        run,
+        cfg,
+        accelerator,
+        logger,
+        unwrapped,
+        tokenizer,
+        results,
+        eval_samples,
+        CURVES + (EVAL_CURVES if ocfg.eval_every else []),
+        t_start,
+        {"iterations": iteration},
+    )
+
+
+if __name__ == "__main__":
+    run_stage(main)

@@ -1,0 +1,224 @@
+"""Seed spread: re-run the alignment stages with K seeds on one run's data, SFT policy and reward model, evaluate
+each, and give every method's win rate against SFT an interval that counts both the seeds and the prompts.
+
+    python part4_eval/seeds.py --preset tiny --seeds 4 [--methods ppo,dpo] [--output-dir DIR] [section.key=value ...]
+
+One run cannot rank methods a few points apart: changing the sampling seeds alone moved PPO's gold win rate
+against SFT from 0.568 to 0.532 on the tiny preset. Seed i (0 ≤ i < K) trains with method seed run.seed + i
+(`run.method_seed`, read only by the alignment stages: rlhf.run.stage_seed) and is evaluated with sampling seed
+eval.seed + i, so the spread is that of training and of evaluation sampling together.
+
+- Seed 0 is the run itself (DIR): its method stages and eval are reused when complete for this config, and run
+  there otherwise, as `bash run_all.sh --from ppo` would (the overrides given apply to every seed, seed 0 too).
+- Seed i ≥ 1 runs in DIR/seeds/seed_<s>/, whose data, sft, reward (and collect) folders are links to DIR's and
+  whose summary.json starts with DIR's sections of those stages. A seed folder resumes and skips like any run.
+  Its eval answers the same prompts with SEED_EVAL_OVERRIDES: no failure suites, no LLM judge and a token
+  best-of-N, none of which the spread uses (every model's answers are sampled as in a full eval).
+- Then `rlhf.seeds.aggregate_seed_runs` reads every seed's eval/responses/*.jsonl and writes DIR/seeds/summary.json:
+  per method the win rate against the SAME seed's SFT answers (gold judge; the reward model without one), gold
+  score and good-rate, and every head-to-head, each with its mean, sd over seeds, per-seed values and a 95%
+  interval over seeds × prompts (the equations are in rlhf/seeds.py). DIR/report.md is re-rendered to show them.
+
+Methods: --methods, else the alignment stages that completed in DIR, else every one the pipeline has. Stage
+output goes to DIR/seeds/logs/seed_<s>_<stage>.log, one progress line per stage per seed to the console;
+RLHF_LAUNCH starts each stage under a launcher, as in run_all.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rlhf.cli import parse_stage_args, run_stage
+from rlhf.errors import UserError
+from rlhf.pipeline import stage_command
+from rlhf.run import METHOD_STAGES, STAGE_SCRIPTS, RunDir, collect_needed, write_json_atomic
+from rlhf.seeds import FEW_SEEDS, aggregate_seed_runs
+from rlhf.signals import Interrupted
+
+# Seed runs' eval: the spread reads only every model's answers to the eval prompts, which these leave as they are
+# (best-of-N samples on a stream of its own). Measured on the tiny preset: see the README's seed-spread section.
+SEED_EVAL_OVERRIDES = ["eval.suites=false", "eval.judges=gold,reward", "eval.best_of_n=1", "eval.best_of_n_prompts=1"]
+UPSTREAM_SECTIONS = ("data", "sft", "collect", "reward_model")  # summary.json sections of the linked stages
+TAIL_LINES = 15  # of a failed stage's log, shown on the console
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """seeds.py's own flags, and the stage command line without --output-dir: [--preset NAME | --config FILE]
+    followed by the overrides."""
+    parser = argparse.ArgumentParser(prog="seeds.py", description="Re-run the alignment stages with K seeds.")
+    parser.add_argument("--seeds", type=int, required=True, help="K: method seeds run.seed, ..., run.seed + K - 1")
+    parser.add_argument("--methods", help=f"comma-separated, from: {', '.join(METHOD_STAGES)} (default: see above)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", help="configs/NAME.yaml (default: tiny)")
+    source.add_argument("--config", help="any YAML config file")
+    parser.add_argument("--output-dir", help="the run folder (default: outputs/<preset>)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="override any config key")
+    args = parser.parse_args(argv)
+    flags = ["--preset", args.preset] if args.preset else ["--config", args.config] if args.config else []
+    return args, flags
+
+
+def choose_methods(requested: str | None, run: RunDir, cfg) -> list[str]:
+    available = [stage for stage in METHOD_STAGES if stage in STAGE_SCRIPTS]
+    if requested:
+        chosen = [name.strip() for name in requested.split(",") if name.strip()]
+        unknown = [name for name in chosen if name not in available]
+        if unknown or not chosen:
+            raise UserError(
+                f"unknown method(s) {', '.join(unknown) or '(none given)'} in --methods; "
+                f"choose from: {', '.join(available)}"
+            )
+        return [stage for stage in available if stage in chosen]
+    completed = [stage for stage in available if run.is_complete(stage, cfg)]
+    return completed or available
+
+
+def link_seed_folder(base: RunDir, folder: Path, upstream: list[str]) -> None:
+    """DIR/seeds/seed_<s>/: links to the base run's upstream stage folders (relative, so the run folder can
+    move) and their summary.json sections."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for stage in upstream:
+        link, target = folder / stage, os.path.relpath(base.stage(stage).absolute(), folder.absolute())
+        if link.is_symlink() and os.readlink(link) == target:
+            continue
+        if link.is_symlink():
+            link.unlink()
+        elif link.exists():
+            raise UserError(f"{link} is not a link to {base.stage(stage)}; delete it, and seeds.py links it again")
+        link.symlink_to(target, target_is_directory=True)
+    base_summary, seed_run = base.read_summary(), RunDir(folder)
+    summary = seed_run.read_summary()
+    summary.update({key: base_summary[key] for key in UPSTREAM_SECTIONS if key in base_summary})
+    for per_stage in ("timing_s", "cpu_threads"):  # {stage: value} entries, the linked stages' copied
+        entries = {stage: v for stage, v in base_summary.get(per_stage, {}).items() if stage in upstream}
+        if entries:
+            summary[per_stage] = {**summary.get(per_stage, {}), **entries}
+    write_json_atomic(seed_run.summary_path, summary)
+
+
+def run_logged(command: list[str], log_path: Path) -> int:
+    """Run one stage with its output in `log_path`; a stop signal reaches it, so it saves its checkpoint."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        try:
+            return process.wait()
+        except Interrupted as stop:
+            # the stage saves a checkpoint and exits (rlhf.signals); Ctrl-C reached it from the terminal already,
+            # and a second signal would make it exit at once
+            if stop.signum != signal.SIGINT:
+                process.send_signal(stop.signum)
+            process.wait()
+            raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    # 1. The command line, the run and its config; everything checked before any stage starts.
+    args, source = parse_args(argv)
+    output = ["--output-dir", args.output_dir] if args.output_dir else []
+    cfg, run, _ = parse_stage_args("seeds", [*source, *output, *args.overrides])
+    flags = shlex.join(source or ["--preset", "tiny"])
+    if args.seeds < 2:
+        raise UserError(f"--seeds {args.seeds}: the spread needs at least 2 seeds; pass --seeds 4 (or more)")
+    if cfg.run.method_seed is not None:
+        raise UserError(
+            "seeds.py sets run.method_seed itself (run.seed + i for seed i); drop the run.method_seed override"
+        )
+    upstream = ["data", "sft", *(["collect"] if collect_needed(cfg) else []), "reward"]
+    missing = [stage for stage in upstream if not run.is_complete(stage, cfg)]
+    if missing:
+        raise UserError(
+            f"stage(s) {', '.join(missing)} not complete for this config in {run.root}; run "
+            f"`bash run_all.sh {flags} --output-dir {run.root} --only {','.join(upstream)} "
+            f"{shlex.join(args.overrides)}`".rstrip()
+            + " first"
+        )
+    if args.seeds < FEW_SEEDS:
+        print(f"[seeds] warning: with {args.seeds} seeds the intervals cover less than 95% where seeds matter; use {FEW_SEEDS}+")
+    methods = choose_methods(args.methods, run, cfg)
+    launch = os.environ.get("RLHF_LAUNCH", "")
+    seeds_dir = run.root / "seeds"
+    print(
+        f"[seeds] {args.seeds} seeds of {', '.join(methods)} on the {', '.join(upstream)} of {run.root}; "
+        f"stage logs in {seeds_dir / 'logs'}"
+    )
+
+    # 2. Each seed: the method stages, then eval, in its own run folder (seed 0: the run itself).
+    seed_runs = []
+    for i in range(args.seeds):
+        method_seed, eval_seed = cfg.run.seed + i, cfg.eval.seed + i
+        if i == 0:
+            folder, overrides = run.root, list(args.overrides)
+        else:
+            folder = seeds_dir / f"seed_{method_seed}"
+            link_seed_folder(run, folder, upstream)
+            overrides = [
+                *SEED_EVAL_OVERRIDES,
+                *args.overrides,
+                f"run.method_seed={method_seed}",
+                f"eval.seed={eval_seed}",
+            ]
+        stage_args = [*source, "--output-dir", str(folder), *overrides]
+        label = f"[seeds] seed {i + 1}/{args.seeds} (method seed {method_seed}, eval seed {eval_seed}"
+        label += ", the run itself)" if i == 0 else ")"
+        for stage in [*methods, "eval"]:
+            stage_cfg, stage_run, _ = parse_stage_args(stage, stage_args)
+            # an eval that completed before one of the methods did has no answers of it: it runs again
+            answered = all((folder / "eval" / "responses" / f"{m}.jsonl").is_file() for m in methods)
+            redo = ["--force"] if stage == "eval" and not answered else []
+            if stage_run.is_complete(stage, stage_cfg) and not redo:
+                print(f"{label} {stage}: complete, reused", flush=True)
+                continue
+            log_path = seeds_dir / "logs" / f"seed_{method_seed}_{stage}.log"
+            started = time.perf_counter()
+            code = run_logged(stage_command(stage, [*stage_args, *redo], launch), log_path)
+            if code != 0:
+                tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-TAIL_LINES:]
+                print("\n".join(tail), file=sys.stderr)
+                raise UserError(
+                    f"seed {method_seed}: stage '{stage}' failed (exit {code}); its output is in {log_path}; "
+                    "fix it and re-run the same command (finished stages are reused)"
+                )
+            print(f"{label} {stage}: done in {time.perf_counter() - started:.0f}s", flush=True)
+        seed_runs.append({"method_seed": method_seed, "eval_seed": eval_seed, "folder": folder})
+
+    # 3. The spread over seeds × prompts, from every seed's eval answers.
+    spread = aggregate_seed_runs(
+        [entry["folder"] / "eval" for entry in seed_runs], methods, cfg.judge.reward_tie_tolerance
+    )
+    spread["seeds"] = [
+        {**entry, "folder": os.path.relpath(entry["folder"].absolute(), run.root.absolute())} for entry in seed_runs
+    ]
+    spread["seed_eval_overrides"] = SEED_EVAL_OVERRIDES
+    spread["interval"] = (
+        "mean over seeds x prompts ± t(0.975, Satterthwaite df) · SE, SE² = (MS_seed + MS_prompt − MS_resid) / (nK), "
+        "two-way random-effects ANOVA, zero-truncated components (rlhf/seeds.py)"
+    )
+    write_json_atomic(seeds_dir / "summary.json", spread)
+    for method, block in spread["win_rate_vs_sft"].items():
+        print(
+            f"[seeds] {method}: {spread['judge']} win rate vs SFT {block['mean']:.3f} "
+            f"[{block['ci95_low']:.3f}, {block['ci95_high']:.3f}], sd {block['sd']:.3f} over seeds "
+            f"({' '.join(f'{v:.3f}' for v in block['per_seed'])})"
+        )
+
+    # 4. The run's report, re-rendered to show the spread.
+    log_path = seeds_dir / "logs" / "report.log"
+    code = run_logged(
+        stage_command("report", [*source, "--output-dir", str(run.root), *args.overrides, "--force"], launch), log_path
+    )
+    report = f"{run.root / 'report.md'} updated" if code == 0 else f"report not updated (exit {code}; see {log_path})"
+    print(f"[seeds] wrote {seeds_dir / 'summary.json'}; {report}")
+
+
+if __name__ == "__main__":
+    run_stage(main)
