@@ -52,8 +52,11 @@ def check_reward_config(cfg) -> None:
         raise UserError(f"reward.length_heuristic_lr must be > 0, got {cfg.reward.length_heuristic_lr}")
     if cfg.reward.logprob_distill_coef < 0:
         raise UserError(f"reward.logprob_distill_coef must be >= 0, got {cfg.reward.logprob_distill_coef}")
-    if cfg.model.lora.enabled and cfg.reward.pooling != "last":
-        raise UserError("model.lora.enabled needs reward.pooling=last (LoRA keeps only a last-token score head)")
+    if cfg.model.lora.for_stage("reward").enabled and cfg.reward.pooling != "last":
+        raise UserError(
+            "model.lora.enabled on the reward stage (model.lora.stages) needs reward.pooling=last (LoRA keeps only a "
+            "last-token score head)"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 3. Model: the SFT backbone plus a fresh scalar head, N(0, 1/sqrt(d+1)) (Huang et al. 2024); with LoRA,
     #    adapters on the frozen backbone and the head trained in full.
-    model = with_lora(build_reward_model(run.model_dir("sft"), cfg.reward), cfg.model.lora)
+    model = with_lora(build_reward_model(run.model_dir("sft"), cfg.reward), cfg.model.lora.for_stage("reward"))
     heuristic_lr = cfg.reward.length_heuristic_lr if cfg.reward.length_heuristic else None
     # what is trained: one forward per batch of pairs, plus the rater's w with reward.length_heuristic
     pairwise = SharedPromptPairRewards(model, distilling, heuristic_lr)

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     #    when functions give the training score); a frozen reference only when beta > 0. Without one,
     #    periodic evaluation still needs the SFT policy to measure KL against.
     #    With LoRA, the reference is the policy with its adapters disabled.
-    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora.for_stage("grpo"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
     reference = reference_policy(policy, run.model_dir("sft"), device) if gcfg.kl_coef > 0 else None
     eval_reference = (

@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> None:
     # 2. Four roles, dropout off in every one (load_* disable it): trainable policy and critic in one
     #    module (one optimizer, one checkpoint), frozen reference and reward model.
     #    With LoRA, the reference is the policy with its adapters disabled, and the reward model the critic's.
-    critic, reward_model = ppo_critic_and_reward(run.model_dir("reward"), pcfg.value_model, cfg.model.lora, device)
-    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    lora = cfg.model.lora.for_stage("ppo")
+    critic, reward_model = ppo_critic_and_reward(run.model_dir("reward"), pcfg.value_model, lora, device)
+    policy = load_trainable_policy(run.model_dir("sft"), lora)
     model = PolicyAndValue(policy, critic)
     reference = reference_policy(policy, run.model_dir("sft"), device)
     frozen_roles = {"reference": reference, "reward": reward_model}

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     #    when functions rank the samples). The SFT policy, to measure KL against, only when evaluating
     #    along training; the final evaluation loads it otherwise.
     #    With LoRA, the SFT policy is the policy with its adapters disabled.
-    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora.for_stage("raft"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
     sft_policy = reference_policy(policy, run.model_dir("sft"), device) if rcfg.eval_every else None
     frozen_roles = {"reward": reward_model, "sft": sft_policy}

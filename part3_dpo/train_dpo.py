@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     # 2. Reference = SFT. Precomputed: one forward-only pass, cached, then the model is freed. With LoRA the
     #    reference is the policy with its adapters disabled (no copy).
     t0 = time.perf_counter()
-    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora.for_stage("dpo"))
     ref_model = reference_policy(policy, run.model_dir("sft"), accelerator.device)
     cached_splits: list[str] = []
     if dcfg.precompute_ref:

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. Judge, prompts and derived sizes, checked before any model is loaded.
     reward_source = load_reward_source("online_dpo", ocfg.reward)
-    accelerator = make_accelerator(cfg)
+    accelerator = make_accelerator(cfg, "online_dpo")
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("online_dpo", run, cfg, tokenizer, ocfg.eval_prompts)
     plan = plan_online_dpo(ocfg, accelerator.num_processes, len(prompts.train_ids))
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     # 2. Roles: a trainable policy, the frozen reward model (judge and held-out scorer) and the frozen SFT policy
     #    (the reference with online_dpo.reference=sft, and the KL anchor of every evaluation). With LoRA the SFT
     #    policy is the policy with its adapters disabled.
-    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora)
+    policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora.for_stage("online_dpo"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
     sft_policy = reference_policy(policy, run.model_dir("sft"), device)
     frozen_roles = {"reward": reward_model, "sft": sft_policy}

@@ -132,6 +132,7 @@ def load_run(run: RunDir, cfg, problems: list[str]) -> tuple[RunData, dict[str, 
         responses=responses,
         suite_rows=suite_rows,
         error_analysis=read_json_optional(run.stage("reward") / "error_analysis.json", problems),
+        seeds=read_json_optional(run.root / "seeds" / "summary.json", problems),
     )
     return data, histories
 

@@ -76,19 +76,40 @@ class TokenizerConfig:
     vocab_size: int = 1024  # vocabulary size when train_from_data
 
 
+# The stages that train weights, so the ones model.lora.stages may name.
+LORA_STAGES = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo")
+# Full SFT, then LoRA (model.lora.stages): the recipe when full SFT is affordable, and the only one that learns on a
+# randomly initialised base, whose adapters would otherwise sit on random weights.
+LORA_AFTER_SFT = ",".join(LORA_STAGES[1:])
+
+
 @dataclass
 class LoRAConfig:
-    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv 2106.09685) on every role a stage trains: the policy (sft, ppo,
-    grpo, raft, dpo), the reward model (its score head trained in full) and PPO's separate critic. The frozen roles
-    are then the same network with its adapters disabled: no second copy (rlhf/lora.py)."""
+    """Low-rank adapters (LoRA, Hu et al. 2021, arXiv 2106.09685) on every role a stage of `stages` trains: the
+    policy (sft, ppo, grpo, raft, dpo, online_dpo), the reward model (its score head trained in full) and PPO's
+    separate critic. The frozen roles are then the same network with its adapters disabled: no second copy
+    (rlhf/lora.py). A stage reads these settings through `for_stage`."""
 
     enabled: bool = False
+    # the stages that train adapters when enabled, comma-separated from LORA_STAGES, or "all"; the others train every
+    # weight. reward,ppo,grpo,raft,dpo,online_dpo: full SFT, then LoRA. With model.init=random, "all" fails at start-up
+    # (adapters on random weights learn little): name sft to train it with LoRA anyway
+    stages: str = "all"
     r: int = 8  # rank of each weight update B A
     alpha: float = 16.0  # the update is scaled by alpha / r
     dropout: float = 0.0  # on the adapters' input; 0 as every other dropout here (Huang et al. 2024)
     # comma-separated names of the linear layers that get adapters, e.g. "c_attn,c_proj"; "auto": the architecture's
     # attention and MLP projections (rlhf.lora.DEFAULT_TARGETS); "all-linear": every linear layer but the heads
     target_modules: str = "auto"
+
+    def stage_names(self) -> tuple[str, ...]:
+        """The stages `stages` names, in pipeline order (unknown names are left for `check_lora_config`)."""
+        names = {name.strip() for name in self.stages.split(",")} - {""}
+        return LORA_STAGES if names == {"all"} else tuple(stage for stage in LORA_STAGES if stage in names)
+
+    def for_stage(self, stage: str) -> LoRAConfig:
+        """These settings as `stage` applies them: enabled when LoRA is on and `stages` names `stage`."""
+        return dataclasses.replace(self, enabled=self.enabled and stage in self.stage_names())
 
 
 @dataclass
@@ -503,12 +524,16 @@ def validate(cfg: Config) -> None:
             raise UserError(f"{section}.pairs={source!r} is not a pair source; use one of {', '.join(PAIR_SOURCES)}")
     if cfg.collect.annotator not in ANNOTATORS:
         raise UserError(f"collect.annotator={cfg.collect.annotator!r} is unknown; use one of {', '.join(ANNOTATORS)}")
-    check_lora_config(cfg.model.lora)
+    check_lora_config(cfg.model)
     cfg.judge.validate()
 
 
-def check_lora_config(lora: LoRAConfig) -> None:
-    """The LoRA settings that need no model; target module names are checked against the model when it is built."""
+def check_lora_config(model: ModelConfig) -> None:
+    """The LoRA settings that need no model; target module names are checked against the model when it is built.
+
+    Adapters on a randomly initialised base learn little (LoRA adapts pretrained weights), so LoRA on sft with
+    model.init=random fails, unless model.lora.stages names sft: a choice made knowingly, e.g. to test the code."""
+    lora = model.lora
     if lora.r < 1:
         raise UserError(f"model.lora.r={lora.r} must be at least 1; set the adapter rank, e.g. model.lora.r=8")
     if lora.alpha <= 0:
@@ -517,6 +542,21 @@ def check_lora_config(lora: LoRAConfig) -> None:
         raise UserError(f"model.lora.dropout={lora.dropout} must lie in [0, 1)")
     if not [name for name in lora.target_modules.split(",") if name.strip()]:
         raise UserError("model.lora.target_modules is empty; give layer names (e.g. c_attn,c_proj), auto or all-linear")
+    names = [name.strip() for name in lora.stages.split(",") if name.strip()]
+    if not names:
+        raise UserError("model.lora.stages is empty; name the stages that train adapters (e.g. reward,ppo,dpo) or all")
+    if unknown := [name for name in names if name not in LORA_STAGES] if names != ["all"] else []:
+        raise UserError(
+            f"model.lora.stages: {', '.join(unknown)} is not a stage that trains; "
+            f"choose from {', '.join(LORA_STAGES)}, or all"
+        )
+    if lora.enabled and model.init == "random" and names == ["all"]:
+        raise UserError(
+            "model.lora.enabled=true trains sft as adapters on model.init=random weights, which learn little (LoRA "
+            "adapts pretrained weights) and leave every later stage a noise policy; train SFT in full and LoRA after "
+            f"it with model.lora.stages={LORA_AFTER_SFT}, or model.init=pretrained (name sft in model.lora.stages "
+            "to train it with LoRA anyway)"
+        )
 
 
 def set_key(cfg: Config, dotted: str, raw: Any) -> None:

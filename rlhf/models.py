@@ -112,13 +112,17 @@ def disable_dropout(model: nn.Module) -> None:
             setattr(model.config, key, 0.0)
 
 
-def _architecture_config(model_cfg: ModelConfig):
+def _architecture_config(model_cfg: ModelConfig, local_only: bool = False):
+    """The model's config with model.config_overrides applied; `local_only`: from a folder or the Hugging Face
+    cache alone, never the network."""
     from transformers import AutoConfig
 
     if model_cfg.name_or_path is not None:
         check_model_source("model.name_or_path", model_cfg.name_or_path)
         try:
-            config = AutoConfig.from_pretrained(model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
+            config = AutoConfig.from_pretrained(
+                model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
+            )
         except (OSError, ValueError) as exc:
             raise UserError(
                 f"cannot load model config '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); "
@@ -216,10 +220,10 @@ def check_fits_context(config, data_cfg: DataConfig, random_init: bool = False) 
 
 def check_context_from_config(model_cfg: ModelConfig, data_cfg: DataConfig) -> None:
     """`check_fits_context` at start-up, from the model's config alone (no weights, no tokenizer), so a pipeline
-    fails before its data stage rather than at SFT. Skipped when the config cannot be read here (a Hub model not
-    in the cache offline): the SFT stage, which needs it, then says why."""
+    fails before its data stage rather than at SFT. Skipped when the config cannot be read without the network (a
+    Hub model not in the cache): the SFT stage, which needs it, checks it then, or says why it cannot load it."""
     try:
-        config = _architecture_config(model_cfg)
+        config = _architecture_config(model_cfg, local_only=True)
     except UserError:
         return
     check_fits_context(config, data_cfg, random_init=model_cfg.init == "random")

@@ -26,7 +26,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rlhf.config import Config, to_dict
+from rlhf.config import LORA_STAGES, Config, to_dict
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 
@@ -103,6 +103,17 @@ def collect_needed(cfg: Config) -> bool:
     return any("collect" in stage_inputs(stage, cfg) for stage in PAIR_READERS)
 
 
+def fingerprinted_model_section(cfg: Config) -> dict:
+    """The `model` section as the data and sft fingerprints cover it: without model.lora.stages, and with
+    model.lora.enabled as sft applies it. So full SFT then LoRA shares its data and SFT with full fine-tuning (a run
+    folder's data/ and sft/ serve both), and the fingerprints of runs made before model.lora.stages existed (LoRA on
+    every stage, or off) are unchanged. Which later stage trains adapters is in that stage's own fingerprint."""
+    section = to_dict(cfg.model)
+    del section["lora"]["stages"]
+    section["lora"]["enabled"] = cfg.model.lora.for_stage("sft").enabled
+    return section
+
+
 class RunDir:
     def __init__(self, root: str | Path, preset: str | None = None):
         self.root = Path(root)
@@ -131,13 +142,16 @@ class RunDir:
     # -- completion -------------------------------------------------------------------
 
     def fingerprint(self, stage: str, cfg: Config) -> str:
-        tree = to_dict(cfg)
+        tree = {**to_dict(cfg), "model": fingerprinted_model_section(cfg)}
         payload = {
             "seed": stage_seed(cfg, stage),
             "mixed_precision": cfg.run.mixed_precision,
             "sections": {section: tree[section] for section in STAGE_SECTIONS[stage]},
             "inputs": {name: self.fingerprint(name, cfg) for name in stage_inputs(stage, cfg)},
         }
+        lora = cfg.model.lora  # sft's use of it is in the model section (fingerprinted_model_section)
+        if lora.enabled and stage in LORA_STAGES[1:] and lora.stage_names() != LORA_STAGES:
+            payload["lora"] = stage in lora.stage_names()  # some stages train adapters: is this one of them?
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def is_complete(self, stage: str, cfg: Config) -> bool:

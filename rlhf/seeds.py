@@ -51,6 +51,7 @@ import math
 from collections.abc import Sequence
 from itertools import combinations
 from pathlib import Path
+from statistics import NormalDist
 
 import numpy as np
 
@@ -108,7 +109,7 @@ def regularized_beta(a, b, x) -> np.ndarray:
 def student_t_quantile(p: float, df) -> np.ndarray:
     """The p-quantile (p > 0.5) of Student's t with `df` (> 0, any real; elementwise) degrees of freedom.
 
-    For t ≥ 0, P(T > t) = I_w(df/2, 1/2) / 2 with w = df / (df + t²) (Abramowitz & Stegun 26.7.1 with 26.5.27),
+    For t ≥ 0, P(T > t) = I_w(df/2, 1/2) / 2 with w = df / (df + t²) (Abramowitz & Stegun §26.5 and §26.7),
     so the quantile solves I_w(df/2, 1/2) = 2(1 − p) for w, by bisection (I_w increases with w), and
     t = √(df (1 − w) / w). An infinite df gives the normal quantile.
     """
@@ -126,19 +127,7 @@ def student_t_quantile(p: float, df) -> np.ndarray:
         below = regularized_beta(nu / 2, 0.5, mid) < target
         low, high = np.where(below, mid, low), np.where(below, high, mid)
     w = (low + high) / 2
-    normal = math.sqrt(2.0) * _erfinv(2.0 * p - 1.0)
-    return np.where(finite, np.sqrt(nu * (1.0 - w) / w), normal)
-
-
-def _erfinv(y: float) -> float:
-    """erf⁻¹(y) by Newton's method on math.erf (a scalar, |y| < 1)."""
-    x = 0.0
-    for _ in range(100):
-        step = (math.erf(x) - y) / (2.0 / math.sqrt(math.pi) * math.exp(-x * x))
-        x -= step
-        if abs(step) < 1e-15:
-            break
-    return x
+    return np.where(finite, np.sqrt(nu * (1.0 - w) / w), NormalDist().inv_cdf(p))
 
 
 # ----------------------------------------------------------------------------- the crossed-design interval

@@ -3,8 +3,14 @@ the merged artifact loads with plain transformers, the adapters with peft, and c
 
 from __future__ import annotations
 
+import hashlib
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
+from conftest import REPO
 from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import (
@@ -20,7 +26,7 @@ from transformers import (
 )
 
 from rlhf.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
-from rlhf.config import LoRAConfig, load_config
+from rlhf.config import LORA_AFTER_SFT, LORA_STAGES, LoRAConfig, load_config, preset_path, to_dict
 from rlhf.errors import UserError
 from rlhf.lora import (
     is_lora,
@@ -32,6 +38,7 @@ from rlhf.lora import (
 )
 from rlhf.models import load_policy, load_reward_model, reward_scores, token_logprobs
 from rlhf.rl.roles import check_frozen, frozen_digests
+from rlhf.run import STAGE_SECTIONS, STAGES, RunDir, stage_inputs, stage_seed
 from rlhf.training import build_optimizer
 
 LORA = LoRAConfig(enabled=True, r=4, alpha=8.0)
@@ -278,8 +285,100 @@ def test_an_architecture_without_defaults_asks_for_target_modules():
         ("model.lora.alpha=0", "model.lora.alpha=0.0 must be > 0"),
         ("model.lora.dropout=1", r"model.lora.dropout=1.0 must lie in \[0, 1\)"),
         ("model.lora.target_modules=,", "model.lora.target_modules is empty"),
+        ("model.lora.stages=,", "model.lora.stages is empty"),
+        ("model.lora.stages=sft,eval", "model.lora.stages: eval is not a stage that trains; choose from sft, reward"),
     ],
 )
 def test_bad_lora_settings_fail_at_config_load(override, message):
     with pytest.raises(UserError, match=message):
         load_config(overrides=[override])
+
+
+def tiny(*overrides: str):
+    return load_config(preset_path("tiny"), list(overrides))
+
+
+def test_lora_on_the_sft_of_a_random_base_fails_at_start_up_naming_the_recipe_that_learns(tmp_path):
+    # the issue's command: the pipeline stops before any stage, in one line that names the fix
+    command = [sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", "--output-dir", str(tmp_path / "run")]
+    command.append("model.lora.enabled=true")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 2 and not (tmp_path / "run").exists()
+    error = result.stderr.strip()
+    assert "\n" not in error and "model.lora.enabled=true trains sft as adapters on model.init=random weights" in error
+    assert f"model.lora.stages={LORA_AFTER_SFT}" in error and "name sft in model.lora.stages" in error
+    assert LORA_AFTER_SFT == "reward,ppo,grpo,raft,dpo,online_dpo"
+    with pytest.raises(UserError, match=r"model\.init=random"):
+        tiny("model.lora.enabled=true", "model.lora.stages=all")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        (),  # LoRA off: the tiny preset as it is
+        ("model.lora.enabled=true", f"model.lora.stages={LORA_AFTER_SFT}"),  # full SFT, then LoRA
+        ("model.lora.enabled=true", "model.lora.stages=sft,reward"),  # sft named: adapters on random weights, chosen
+        ("model.lora.enabled=true", "model.init=pretrained", "model.name_or_path=gpt2"),  # a pretrained base
+        ("model.lora.stages=sft",),  # LoRA off: the stages it would use do not matter
+    ],
+)
+def test_lora_that_can_learn_or_was_chosen_loads(overrides):
+    tiny(*overrides)
+
+
+def test_each_stage_applies_lora_as_model_lora_stages_says():
+    after = tiny("model.lora.enabled=true", "model.lora.stages= ppo, reward,dpo")
+    assert after.model.lora.stage_names() == ("reward", "ppo", "dpo")  # pipeline order, spaces ignored
+    assert [stage for stage in LORA_STAGES if after.model.lora.for_stage(stage).enabled] == ["reward", "ppo", "dpo"]
+    assert after.model.lora.for_stage("ppo").r == 8 and after.model.lora.enabled  # only the stage's copy changes
+    everywhere = load_config(preset_path("gpt2-hh"), ["model.lora.enabled=true"])
+    assert all(everywhere.model.lora.for_stage(stage).enabled for stage in LORA_STAGES)
+    assert not any(tiny("model.lora.stages=ppo").model.lora.for_stage(stage).enabled for stage in LORA_STAGES)
+
+
+def fingerprint_before_lora_stages(run: RunDir, stage: str, cfg) -> str:
+    """RunDir.fingerprint as it was before model.lora.stages existed: every section whole, no per-stage LoRA entry."""
+    tree = to_dict(cfg)
+    del tree["model"]["lora"]["stages"]  # the key those runs did not have
+    payload = {
+        "seed": stage_seed(cfg, stage),
+        "mixed_precision": cfg.run.mixed_precision,
+        "sections": {section: tree[section] for section in STAGE_SECTIONS[stage]},
+        "inputs": {name: fingerprint_before_lora_stages(run, name, cfg) for name in stage_inputs(stage, cfg)},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        ("tiny", ()),
+        ("tiny", ("model.lora.r=4", "reward.pairs=both")),
+        ("tiny", ("model.lora.stages=sft",)),  # LoRA off: whatever the stages
+        ("gpt2-hh", ("model.lora.enabled=true",)),  # LoRA on every stage, as before
+        ("gpt2-hh", ("model.lora.enabled=true", f"model.lora.stages=sft,{LORA_AFTER_SFT}")),  # every stage, named
+    ],
+)
+def test_runs_with_lora_off_or_on_every_stage_keep_the_fingerprints_they_had(tmp_path, preset, overrides):
+    cfg = load_config(preset_path(preset), list(overrides))
+    run = RunDir(tmp_path)
+    for stage in STAGES:
+        assert run.fingerprint(stage, cfg) == fingerprint_before_lora_stages(run, stage, cfg), stage
+
+
+def test_full_sft_then_lora_shares_data_and_sft_with_full_fine_tuning_and_reruns_the_rest(tmp_path):
+    run = RunDir(tmp_path)
+    full = tiny()
+    after = tiny("model.lora.enabled=true", f"model.lora.stages={LORA_AFTER_SFT}")
+    some = tiny("model.lora.enabled=true", "model.lora.stages=reward,ppo")
+    shared = [stage for stage in STAGES if run.fingerprint(stage, full) == run.fingerprint(stage, after)]
+    assert shared == ["data", "sft", "collect"]  # collect samples the SFT policy: it trains nothing
+    # which stages train adapters is each stage's own: reward and ppo agree, grpo (full here) does not
+    assert [stage for stage in STAGES if run.fingerprint(stage, after) == run.fingerprint(stage, some)] == [
+        "data",
+        "sft",
+        "collect",
+        "reward",
+        "ppo",
+    ]
+    assert run.fingerprint("grpo", some) != run.fingerprint("grpo", full)  # it reads a LoRA-trained reward model

@@ -1,4 +1,5 @@
-"""End-to-end through the real command line with model.lora.enabled=true: data -> sft -> reward -> ppo -> dpo.
+"""End-to-end through the real command line with model.lora.enabled=true: data -> sft -> reward -> ppo -> dpo, with
+adapters in every stage, and full SFT then adapters in reward, ppo and dpo (model.lora.stages).
 
 Every stage publishes a merged model that plain transformers loads, and its adapters beside it, which peft
 loads on the model the stage started from; the policy stages move the policy and leave the reference alone."""
@@ -6,6 +7,7 @@ loads on the model the stage started from; the policy stages move the policy and
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -14,13 +16,17 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from rlhf.config import LORA_AFTER_SFT
+
 pytestmark = pytest.mark.slow
 
 # Few steps of each stage. LoRA on the tiny preset's randomly initialised model learns little (its base is
 # random), so the rates are higher than the preset's full fine-tuning ones: enough to see every stage move.
+# Naming sft in model.lora.stages allows adapters on the random base, which model.lora.stages=all refuses.
 LORA_OVERRIDES = [
     *TINY_TEST_OVERRIDES,
     "model.lora.enabled=true",
+    "model.lora.stages=sft,reward,ppo,dpo",
     "sft.max_steps=20",
     "sft.lr=1e-2",
     "sft.gold_eval_prompts=20",
@@ -57,18 +63,22 @@ def sequences(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones_like(ids)
 
 
-@pytest.mark.parametrize("stage", ["ppo", "dpo"])
-def test_policy_stages_publish_a_merged_model_and_adapters_on_the_sft_model(lora_run, stage):
-    merged = AutoModelForCausalLM.from_pretrained(lora_run / stage / "model", use_safetensors=True)
-    assert not any("lora" in key for key in load_file(lora_run / stage / "model" / "model.safetensors"))
-    base = AutoModelForCausalLM.from_pretrained(lora_run / "sft" / "model", use_safetensors=True)
+def assert_merged_model_and_adapters_on_the_sft_model(run, stage):
+    merged = AutoModelForCausalLM.from_pretrained(run / stage / "model", use_safetensors=True)
+    assert not any("lora" in key for key in load_file(run / stage / "model" / "model.safetensors"))
+    base = AutoModelForCausalLM.from_pretrained(run / "sft" / "model", use_safetensors=True)
     ids, mask = sequences()
     with torch.no_grad():
         sft_logits = base(input_ids=ids, attention_mask=mask).logits
-        adapted = PeftModel.from_pretrained(base, lora_run / stage / "adapter")
+        adapted = PeftModel.from_pretrained(base, run / stage / "adapter")
         expected = merged(input_ids=ids, attention_mask=mask).logits
         assert (adapted(input_ids=ids, attention_mask=mask).logits - expected).abs().max() <= 1e-4
         assert (expected - sft_logits).abs().max() > 1e-3  # the policy moved away from SFT
+
+
+@pytest.mark.parametrize("stage", ["ppo", "dpo"])
+def test_policy_stages_publish_a_merged_model_and_adapters_on_the_sft_model(lora_run, stage):
+    assert_merged_model_and_adapters_on_the_sft_model(lora_run, stage)
 
 
 def test_reward_model_merged_loads_as_sequence_classification_and_adapters_score_before_normalising(lora_run):
@@ -95,3 +105,47 @@ def test_summaries_show_frozen_references_and_small_adapters(lora_run):
     assert 0 < sum(t.numel() for t in adapter.values()) < 0.2 * sum(t.numel() for t in sft.values())
     for stage in ("sft", "reward", "ppo", "dpo"):
         assert not (lora_run / stage / "checkpoint").exists()  # removed once the stage completed
+
+
+# Full SFT, then LoRA: the session's tiny_run (data, full SFT, reward) with adapters in every later stage. Its data and
+# SFT are complete for this config (model.lora.stages leaves them as full fine-tuning computes them); the reward
+# stage re-runs with adapters. LoRA rates about 10x the preset's full fine-tuning ones, few steps.
+AFTER_SFT_OVERRIDES = [
+    *TINY_TEST_OVERRIDES,
+    "model.lora.enabled=true",
+    f"model.lora.stages={LORA_AFTER_SFT}",
+    "reward.max_steps=20",
+    "reward.lr=3e-3",
+    "ppo.total_episodes=128",
+    "ppo.lr=1e-3",
+    "ppo.eval_prompts=32",
+    "dpo.max_steps=4",
+    "dpo.lr=6e-4",
+    "dpo.max_train_pairs=128",
+    "dpo.eval_prompts=32",
+]
+
+
+@pytest.fixture(scope="module")
+def after_sft_run(tiny_run, tmp_path_factory):
+    output_dir = tmp_path_factory.mktemp("lora_after_sft_run") / "run"
+    shutil.copytree(tiny_run, output_dir)
+    logs = {STAGES[script]: run_script(script, output_dir, *AFTER_SFT_OVERRIDES).stdout for script in STAGES}
+    return output_dir, logs
+
+
+def test_full_sft_then_lora_reuses_the_full_sft_and_trains_adapters_on_it(after_sft_run, tiny_run):
+    run, logs = after_sft_run
+    for stage in ("data", "sft"):
+        assert f"[{stage}] already complete for this config" in logs[stage]
+    assert not (run / "sft" / "adapter").exists()
+    sft = (run / "sft" / "model" / "model.safetensors").read_bytes()
+    assert sft == (tiny_run / "sft" / "model" / "model.safetensors").read_bytes()  # the full SFT, not re-trained
+    for stage in ("reward", "ppo", "dpo"):
+        assert "already complete" not in logs[stage] and (run / stage / "adapter" / "adapter_config.json").is_file()
+    for stage in ("ppo", "dpo"):
+        assert_merged_model_and_adapters_on_the_sft_model(run, stage)
+    summary = read_summary(run)
+    assert summary["reward_model"]["steps"] == 20 and summary["reward_model"]["val_accuracy"] > 0.6
+    assert summary["ppo"]["frozen_roles_unchanged"] is True and summary["ppo"]["iterations"] == 2
+    assert summary["dpo"]["steps"] == 4

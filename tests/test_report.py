@@ -809,6 +809,12 @@ def test_without_an_independent_judge_the_headline_says_so_and_how_to_add_one():
     text = R.render_report(hh_run_data({"reward": {"judge": "reward"}}))
     assert "No independent judge ran (none was configured (`eval.judges` names neither `gold` nor `openai`))" in text
     assert "--only eval,report --force eval.judges=reward,openai`" in text
+    # a policy trained on a reward function, not on the reward model, is not said to have optimised it
+    data = hh_run_data(skipped)
+    data.summary["ppo"] = {"reward_source": "rlhf.task:gold_rewards"}
+    assert "the proxy that the RL stages optimise and best-of-4 picked by" in R.render_report(data)
+    data.summary["ppo"] = {"reward_source": "model + 0.5*rlhf.task:gold_rewards"}
+    assert "the proxy that PPO optimised and best-of-4 picked by" in R.render_report(data)
 
 
 def test_without_gold_no_gold_wording_and_no_empty_judge_sections():
@@ -843,6 +849,8 @@ def test_counts_name_the_prompts_they_are_over():
         "PPO 0.545, SFT 0.145." in text
     )
     data = hh_run_data({})
+    data.summary["eval"]["models"]["ppo"]["reward_mean"] = 0.1  # as SFT's: no model is "the highest"
+    assert "- Highest mean reward-model score: a tie at 0.100 between SFT and PPO." in R.render_report(data)
     data.responses = {}  # no response files: best-of-4 is left out of the ranking, and said to be
     assert "best-of-4 answered 10 of the 30 prompts, so its mean reward-model score is not ranked" in (
         R.render_report(data)

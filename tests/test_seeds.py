@@ -274,6 +274,9 @@ def test_the_report_shows_the_seed_spread():
     assert "| 0.700 | not separated |" in text and "| PPO better |" in text
     assert "the interval contains 0.5: these seeds do not separate the two" in text
     assert "method seeds (0, 1;" in text and "`gold`" in text
+    assert "Only 2 seeds" in text  # fewer than 4: the interval is said to cover less
+    four_seeds = {**fake_seeds_summary(), "n_seeds": 4}
+    assert "covers less than 95%" in text and "covers less than 95%" not in section_seeds(RunData({}, seeds=four_seeds))
 
 
 def test_the_seed_section_is_in_the_report_only_when_seeds_ran():

@@ -149,7 +149,8 @@ def section_win_rates(data: RunData) -> str:
         if judge not in ran and isinstance(info, dict) and info.get("status")
     }
     if not_run:
-        lines += ["", "Judges asked for that did not run: " + "; ".join(f"`{j}` ({why})" for j, why in not_run.items())]
+        reasons = "; ".join(f"`{judge}` ({why})" for judge, why in not_run.items())
+        lines += ["", f"Judges asked for that did not run: {reasons}."]
     for judge in ran:
         info = judges_info.get(judge) or {}
         pairings = win_rates[judge]

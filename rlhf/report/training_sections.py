@@ -151,6 +151,17 @@ INDEPENDENT_JUDGES = ("gold", "openai")  # judges no stage trained on (online DP
 PROXY_OPTIMISERS = ("ppo", "grpo", "raft", "online_dpo")  # policies trained to maximise the reward model
 
 
+def optimised_reward_model(summary: dict, stage: str) -> bool:
+    """Whether `stage`'s policy was trained to maximise the reward model: an RL stage whose reward spec has the
+    `model` term (`<stage>.reward_source`, e.g. "model + 0.5*rlhf.task:gold_rewards"), and for online DPO
+    whose pairs the reward ranked (`online_dpo.judge` "reward"). Unrecorded settings count as the defaults."""
+    if stage not in PROXY_OPTIMISERS:
+        return False
+    results = summary.get(stage) if isinstance(summary.get(stage), dict) else {}
+    terms = [term.strip().split("*")[-1].strip() for term in str(results.get("reward_source", "model")).split("+")]
+    return "model" in terms and results.get("judge", "reward") == "reward"
+
+
 def and_list(items: list[str]) -> str:
     """The items as prose: "A", "A and B", "A, B and C"."""
     return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
@@ -166,7 +177,7 @@ def judges_statement(data: RunData) -> str:
     if not ran:
         return ""
     models = eval_models(data.summary)
-    trained = [model_label(m) for m in order_models(models) if m in PROXY_OPTIMISERS]
+    trained = [model_label(m) for m in order_models(models) if optimised_reward_model(data.summary, m)]
     picked = [model_label(m) for m in order_models(models) if m.startswith("best_of_")]
     proxy = (
         "the run's own reward model, the proxy "
@@ -249,10 +260,15 @@ def at_a_glance(summary: dict, responses: dict[str, list[dict]] | None = None) -
         ("reward_mean", "reward", "reward-model score"),
         ("gold_score_mean", "gold_score", "gold score"),
     ):
-        scored = [(models[m][key], m) for m in full if is_number(models[m].get(key))]
+        scored = {m: models[m][key] for m in full if is_number(models[m].get(key))}
         if len(scored) > 1:
-            value, best = max(scored)
-            lines.append(f"Highest mean {what}: {model_label(best)} ({fmt(value)}).")
+            top = fmt(max(scored.values()))
+            best = [model_label(m) for m, value in scored.items() if fmt(value) == top]  # equal as shown: a tie
+            lines.append(
+                f"Highest mean {what}: {best[0]} ({top})."
+                if len(best) == 1
+                else f"Highest mean {what}: a tie at {top} between {and_list(best)}."
+            )
         for small in [m for m in fewer if is_number(models[m].get(key))]:
             prompts = {row.get("prompt") for row in responses.get(small) or []}
             on_same = {
