@@ -12,10 +12,13 @@ numbers with device and date.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.batching import collate_pairs, encode_pairs, pair_length
 from rlhf.config import load_config, preset_path

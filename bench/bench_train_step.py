@@ -10,10 +10,13 @@ each order and their ratio; report the ratio, or absolute numbers with device an
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.batching import collate_sequences, encode_responses, encode_texts
 from rlhf.config import load_config, preset_path

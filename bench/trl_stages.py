@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 from datasets import Dataset
 from profiling import StepProfile
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.config import Config, load_config, preset_path
 from rlhf.data import read_jsonl

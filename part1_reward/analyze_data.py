@@ -11,8 +11,12 @@ stage uses, stats.json and lengths.png. Both sources go through the same edge-ca
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
 from rlhf.batching import encode_texts
@@ -21,11 +25,14 @@ from rlhf.cli import run_stage, start_stage
 from rlhf.data import (
     DEMONSTRATION_FORMATS,
     DROP_REASONS,
+    INVALID_REASONS,
     PAIR_FORMATS,
     RowFormat,
     check_invalid_share,
     check_splits_not_empty,
     count_reasons,
+    invalid_row_lines,
+    is_local_source,
     length_stats,
     load_raw_splits,
     prompt_split,
@@ -68,9 +75,25 @@ def parse_source(source: Source, max_invalid_fraction: float) -> tuple[dict[str,
         read = [source.fmt.read(raw) for raw in raw_rows]
         kept[split] = [row for row in read if isinstance(row, dict)]
         reasons[split] = [row for row in read if isinstance(row, str)]
+        invalid = {reason: reasons[split].count(reason) for reason in INVALID_REASONS if reason in reasons[split]}
+        where = invalid_row_lines(source.path, split, source.fmt.read) if invalid else []
         check_invalid_share(
-            source.path, split, reasons[split], len(raw_rows), max_invalid_fraction, source.fmt.hints(), source.key
+            source.path,
+            split,
+            reasons[split],
+            len(raw_rows),
+            max_invalid_fraction,
+            source.fmt.hints(),
+            source.key,
+            where,
         )
+        if invalid:
+            counts = ", ".join(f"{n} {reason}" for reason, n in invalid.items())
+            print(
+                f"[data] warning: {source.key} '{source.path}': skipped {sum(invalid.values())} invalid {split} rows "
+                f"of {len(raw_rows)} ({counts}){'; the first at ' + ', '.join(where) if where else ''}",
+                file=sys.stderr,
+            )
     if not kept["train"]:
         counts = count_reasons(reasons["train"])
         worst = max(counts, key=counts.get)
@@ -110,6 +133,24 @@ def filter_and_split(
             splits[name] = splits[name][:cap]
             lengths[name] = {key: values[:cap] for key, values in lengths[name].items()}
     return splits, lengths
+
+
+def no_test_warning(source: Source, n_test: int, eval_reads_it: bool) -> str | None:
+    """The warning when a source gives no test rows: the reward stage's test accuracy (pairs) and eval (the
+    source it reads, `eval_reads_it`) then fall back to validation rows, which they would do without a word."""
+    effects = ["the reward model's test accuracy will be nan"] if source.what == "pairs" else []
+    effects += ["eval will answer validation prompts, not held-out test ones"] if eval_reads_it else []
+    if n_test or not effects:
+        return None
+    local = is_local_source(source.path)
+    if source.raw["test"]:
+        why = f"all {len(source.raw['test'])} of its test rows were dropped (see dropped)"
+    elif local:
+        why = "it has no test split (no file whose name contains 'test')"
+    else:
+        why = "the Hub dataset has no test or validation split"
+    fix = "add a file whose name contains 'test'" if local else "point it at a local folder with a test file"
+    return f"[data] warning: {source.key} '{source.path}': {why}, so {' and '.join(effects)}; {fix} to hold one out"
 
 
 def source_stats(source: Source, splits, lengths, reasons) -> dict:
@@ -187,6 +228,10 @@ def main(argv: list[str] | None = None) -> None:
             source.what,
         )
         outputs[source.what] = splits, lengths, reasons
+        eval_reads_demonstrations = cfg.eval.baseline == "reference" and cfg.data.sft_path is not None
+        eval_reads_it = (source.what == "demonstrations") == eval_reads_demonstrations  # rlhf.data.heldout_references
+        if warning := no_test_warning(source, len(splits["test"]), eval_reads_it):
+            print(warning, file=sys.stderr)
     splits, lengths, reasons = outputs["pairs"]
 
     # 5. Statistics: the edge-case table, lengths and length bias, and the embedded task's ceiling.

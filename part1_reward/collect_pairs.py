@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from itertools import combinations
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
 from rlhf.batching import encode_texts
@@ -88,8 +91,8 @@ def check_collect_config(cfg: Config) -> None:
         )
 
 
-def build_annotator(cfg: Config, run: RunDir, device: torch.device) -> Judge:
-    """The pairwise judge that labels the pairs (collect.annotator)."""
+def build_annotator(cfg: Config, run: RunDir, accelerator) -> Judge:
+    """The pairwise judge that labels the pairs (collect.annotator); a reward model scores under the autocast."""
     c = cfg.collect
     if c.annotator == "simulated":
         spec = cfg.data.embedded
@@ -97,7 +100,9 @@ def build_annotator(cfg: Config, run: RunDir, device: torch.device) -> Judge:
     if c.annotator == "openai":
         return OpenAIJudge(cfg.judge, cache_path=run.stage("collect") / "openai_cache.jsonl")
     folder = Path(c.reward_model)
-    scorer = text_scorer(load_reward_model(folder).to(device).eval(), load_tokenizer(folder), device, c.batch_size)
+    device = accelerator.device
+    model = load_reward_model(folder).to(device).eval()
+    scorer = text_scorer(model, load_tokenizer(folder), device, c.batch_size, autocast=accelerator.autocast)
     return RewardJudge(scorer, tie_tolerance=cfg.judge.reward_tie_tolerance)
 
 
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. The annotator's labels: "A" keeps the first response as chosen, "B" the second.
     t0 = time.perf_counter()
-    annotator = build_annotator(cfg, run, device)
+    annotator = build_annotator(cfg, run, accelerator)
     comparison = annotator.compare(
         [p for p, _, _ in items], [a for _, a, _ in items], [b for _, _, b in items], progress=True
     )

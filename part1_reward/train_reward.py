@@ -12,9 +12,13 @@ analysis of the misclassified pairs.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.batching import chosen_longer, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
 from rlhf.checkpoint import save_pretrained_atomic
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
 
         def response_logprobs(batch_pairs):
             batch = {k: v.to(accelerator.device) for k, v in collate(batch_pairs).items()}
-            logprobs = shared_prompt_response_logprobs(policy, batch)  # (B, T)
+            with accelerator.autocast():
+                logprobs = shared_prompt_response_logprobs(policy, batch)  # (B, T)
             return [
                 (row[c & ~r].cpu(), row[r & ~c].cpu())
                 for row, c, r in zip(logprobs, batch["chosen_mask"], batch["rejected_mask"])

@@ -12,9 +12,13 @@ the reference responses.
 from __future__ import annotations
 
 import math
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
 from rlhf.batching import collate_sequences, encode_responses, encode_texts

@@ -31,10 +31,15 @@ so no separate pass computes them (as TRL does).
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
@@ -52,7 +57,7 @@ from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
 from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.shaping import apply_missing_eos_penalty
-from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
+from rlhf.rl.stats import flat_reward_warning, gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
 from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
@@ -163,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     if iteration == 0 and eval_due(0, gcfg.eval_every, plan.iterations):
         logger.log(0, evaluate_now())  # the SFT policy: the origin of the reward-vs-KL curve
     metrics: dict[str, float] = {}
+    zero_std_shares: list[float] = []  # per iteration of this run, for flat_reward_warning
 
     # 4. Iterations: G samples per prompt, group-relative advantages, clipped updates.
     while iteration < plan.iterations:
@@ -308,6 +314,9 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
         logger.log(iteration, metrics, postfix=("grpo/objective/scores", "grpo/objective/zero_std_groups"))
+        zero_std_shares.append(metrics["grpo/objective/zero_std_groups"])
+        if accelerator.is_main_process and (warning := flat_reward_warning(zero_std_shares, reward_source.spec, G)):
+            tqdm.write(warning, file=sys.stderr)
         if eval_due(
             iteration, gcfg.eval_every, plan.iterations
         ):  # before the checkpoint, so a resumed run has this row

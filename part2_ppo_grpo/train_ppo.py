@@ -29,10 +29,14 @@ Follows Huang et al. 2024, "The N+ Implementation Details of RLHF with PPO" (arX
 
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError

@@ -24,9 +24,13 @@ to the SFT policy. One optimizer and one learning-rate schedule run across all r
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.batching import collate_sequences
 from rlhf.cli import run_stage, start_stage

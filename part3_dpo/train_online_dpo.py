@@ -28,9 +28,13 @@ One optimizer and one learning-rate schedule run across the iterations.
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
 from rlhf.cli import run_stage, start_stage

@@ -15,15 +15,18 @@ alone then judges and writes.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
 from rlhf import task
 from rlhf.batching import encode_texts
 from rlhf.cli import run_stage, start_stage
-from rlhf.data import heldout_references, write_jsonl
+from rlhf.data import heldout_references, heldout_split, write_jsonl
 from rlhf.errors import UserError
 from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
@@ -183,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     reference = "reference" if cfg.eval.baseline == "reference" else "chosen"
     chosen_by_prompt = heldout_references(run.stage("data"), separate)
     prompts = list(chosen_by_prompt)[: cfg.eval.num_prompts]
+    prompt_split = heldout_split(run.stage("data"), separate)
+    if prompt_split == "val":  # the data stage warned about it
+        accelerator.print(f"[eval] {len(prompts)} validation prompts: the data has no test split")
 
     # 3. Every model answers with the same decoding and per-prompt seeds; RM score, KL to SFT, length, EOS,
     #    diversity. Every process samples and scores its shard of the prompts and gets all of them back in order.
@@ -296,9 +302,8 @@ def main(argv: list[str] | None = None) -> None:
     # 7. Pairwise judges, by eval.baseline: each policy vs SFT, each pair of policies and each model vs the
     #    dataset's chosen response; or each model vs the reference response.
     known = {(p, t): r for a in answers.values() for p, t, r in zip(a.prompts, a.texts, a.rewards)}
-    judges, skipped = build_judges(
-        cfg, run, is_embedded, text_scorer(reward_model, tokenizer, device, cfg.eval.batch_size, known)
-    )
+    scorer = text_scorer(reward_model, tokenizer, device, cfg.eval.batch_size, known, accelerator.autocast)
+    judges, skipped = build_judges(cfg, run, is_embedded, scorer)
     pairings = win_rate_pairings(list(answers), cfg.eval.baseline, reference)
     answers[reference] = Answers(
         prompts,
@@ -370,6 +375,7 @@ def main(argv: list[str] | None = None) -> None:
                 "judges": judges_info,
                 "suites": suites,
                 "decoding": decoding,
+                "prompt_split": prompt_split,
                 "peak_memory_mb": memory_mb,
                 "peak_memory_source": memory_source,
             },

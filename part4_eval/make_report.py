@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
 from rlhf.cli import run_stage, start_stage
 from rlhf.errors import UserError
 from rlhf.plots import (

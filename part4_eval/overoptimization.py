@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
 from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
@@ -261,8 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg, run, _ = parse_stage_args(
         "overopt", base_args(args) + (["--output-dir", args.output_dir] if args.output_dir else []) + args.overrides
     )
-    for stage in LINKED_STAGES:
-        run.require(stage, cfg)
+    run.require(LINKED_STAGES, cfg)  # names every one missing, and the command that builds them
     is_embedded = cfg.data.path == "embedded"
     try:
         ns = sorted({int(n) for n in csv(args.best_of_n)})

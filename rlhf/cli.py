@@ -11,6 +11,7 @@ is one line naming the micro-batch key to lower.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -18,27 +19,55 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
-from rlhf.config import Config, load_config, preset_path
+from rlhf.config import Config, dump_yaml, load_config, preset_path
 from rlhf.errors import UserError
-from rlhf.run import STAGE_SCRIPTS, RunDir, config_inputs
+from rlhf.run import STAGE_SCRIPTS, RunDir, config_inputs, write_text_atomic
 from rlhf.signals import Interrupted, graceful_stops
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+KEYS_HELP = (
+    "Every config key, with a comment, is in rlhf/config.py (the presets in configs/); README.md, 'Key settings', "
+    "explains the main ones."
+)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every stage script and run_all.sh take: the config, the run folder, --force, overrides."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--preset", help="configs/NAME.yaml (default: tiny)")
+    source.add_argument("--config", help="any YAML config file, e.g. a stage folder's config.yaml")
+    parser.add_argument("--output-dir", help="run folder (default: outputs/<preset>)")
+    parser.add_argument("--force", action="store_true", help="re-run even if the stage completed for this config")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="override any config key, e.g. sft.lr=3e-4"
+    )
+
+
+def run_arguments(args: argparse.Namespace) -> list[str]:
+    """The parsed run arguments as a command line, without --force, for the commands an error suggests: paths
+    relative to this folder are made absolute when it is not the repository root (run_all.sh runs from there)."""
+
+    def path(value: str) -> str:
+        return value if Path(value).is_absolute() or Path.cwd() == REPO_ROOT else str(Path(value).resolve())
+
+    return [
+        *(["--preset", args.preset] if args.preset else []),
+        *(["--config", path(args.config)] if args.config else []),
+        *(["--output-dir", path(args.output_dir)] if args.output_dir else []),
+        *args.overrides,
+    ]
 
 
 def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config, RunDir, bool]:
+    script = STAGE_SCRIPTS.get(stage)
     parser = argparse.ArgumentParser(
-        prog=f"{stage} stage", description=f"Run the '{stage}' stage of the RLHF pipeline."
+        prog=f"python {script}" if script else f"{stage} stage",
+        description=f"Run the '{stage}' stage of the RLHF pipeline.",
+        epilog=KEYS_HELP,
     )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--preset", help="configs/NAME.yaml (default: tiny)")
-    source.add_argument("--config", help="any YAML config file")
-    parser.add_argument("--output-dir", help="run folder (default: outputs/<preset>)")
-    parser.add_argument("--force", action="store_true", help="re-run even if the stage completed for this config")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="override any config key")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     name = args.preset or (None if args.config else "tiny")
     cfg = load_config(preset_path(name) if name else args.config, args.overrides)
@@ -46,7 +75,7 @@ def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config,
         cfg.run.output_dir = args.output_dir
     if cfg.run.output_dir is None:
         cfg.run.output_dir = str(REPO_ROOT / "outputs" / (name or Path(args.config).stem))
-    return cfg, RunDir(cfg.run.output_dir, preset=name), args.force
+    return cfg, RunDir(cfg.run.output_dir, preset=name, args=run_arguments(args)), args.force
 
 
 def start_stage(
@@ -60,7 +89,8 @@ def start_stage(
     `check` (config-only rules) must pass, and then the input stages in `requires` (and those the
     config adds, `rlhf.run.config_inputs`, e.g. `collect` for reward.pairs=collected) must be complete
     for this config, before the stage's own completion marker is cleared: a mistyped re-run fails
-    in one line and leaves the finished stage as it was.
+    in one line and leaves the finished stage as it was. The stage folder then gets the resolved
+    config.yaml (a later error names the keys a changed config differs in by it).
     """
     cfg, run, force = parse_stage_args(stage, argv)
     if run.is_complete(stage, cfg) and not force:
@@ -68,14 +98,33 @@ def start_stage(
         return None
     if check is not None:
         check(cfg)
-    for upstream in (*requires, *config_inputs(stage, cfg)):
-        run.require(upstream, cfg)
+    run.require((*requires, *config_inputs(stage, cfg)), cfg, then=stage)
     check_writable(run.stage(stage))
     run.clear_complete(stage)
     if force:
         shutil.rmtree(run.checkpoint_dir(stage), ignore_errors=True)
     run.stage(stage).mkdir(parents=True, exist_ok=True)
+    if int(os.environ.get("RANK", "0")) == 0:  # one process writes it (launchers set RANK)
+        write_text_atomic(run.stage(stage) / "config.yaml", dump_yaml(cfg))
+    quiet_loading_bars()
     return cfg, run
+
+
+def quiet_loading_bars() -> None:
+    """Hide transformers' "Loading weights" bar, drawn for every model a stage loads (three to six per stage,
+    leaving cursor-up codes in log files); the Hub's download bars stay as they were."""
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging
+
+    downloads = not hub.are_progress_bars_disabled()
+    logging.disable_progress_bar()
+    if downloads:
+        hub.enable_progress_bars()
+
+
+def forced(argv: list[str]) -> bool:
+    """Whether the command line asked for --force (argparse also accepts a prefix of it, e.g. --fo)."""
+    return any(arg.startswith("--f") and "--force".startswith(arg) for arg in argv)
 
 
 def already_complete_line(stage: str, run: RunDir) -> str:
@@ -108,6 +157,13 @@ def out_of_memory_advice(stage: str | None) -> str:
     )
 
 
+def is_cuda_out_of_memory(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError, without importing torch here: `--help` and usage mistakes answer before
+    torch loads (seconds), and an error raised before anything imported torch cannot be torch's."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError)
+
+
 def script_stage(main: Callable) -> str | None:
     """The stage whose script defines `main` (None for other entry points)."""
     script = Path(main.__code__.co_filename).resolve()
@@ -132,13 +188,17 @@ def run_stage(main: Callable[[list[str] | None], None]) -> None:
     except UserError as exc:
         say(f"error: {exc}")
         sys.exit(2)
-    except torch.cuda.OutOfMemoryError:
-        say(f"error: {out_of_memory_advice(script_stage(main))}")
-        sys.exit(2)
     except Interrupted as stop:
         saved = f"checkpoint saved in {stop.checkpoint}; " if stop.checkpoint else ""
+        # --force deletes the checkpoint and starts over: the command that resumes is the same one without it
+        again = "the same command without --force (which starts over)" if forced(sys.argv[1:]) else "the same command"
         say(
             f"stopped by {stop} after {time.perf_counter() - start:.0f}s; {saved}"
-            "re-run the same command to resume from the last checkpoint"
+            f"re-run {again} to resume from the last checkpoint"
         )
         sys.exit(stop.exit_code)
+    except Exception as exc:  # after Interrupted, an Exception too
+        if not is_cuda_out_of_memory(exc):
+            raise
+        say(f"error: {out_of_memory_advice(script_stage(main))}")
+        sys.exit(2)

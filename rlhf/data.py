@@ -334,6 +334,32 @@ def load_raw_splits(path: str, key: str = "data.path", kind: str = "HH-format") 
     return splits
 
 
+def invalid_row_lines(path: str, split: str, read: Callable[[object], dict | str], limit: int = 3) -> list[str]:
+    """The "file:line" of the first `limit` rows of `split` that `read` (RowFormat.read) rejects as invalid
+    (INVALID_REASONS), in a local source's JSON Lines files, read line by line as `read_rows` reads them: the data
+    stage counts and skips invalid rows, and this says where the first ones are. [] for other sources."""
+    if not is_local_source(path):
+        return []
+    found: list[str] = []
+    for file in local_files(path)[split]:
+        if not file.name.endswith((".jsonl", ".jsonl.gz")):
+            continue
+        opener = gzip.open if file.name.endswith(".gz") else open
+        with opener(file, "rt", encoding="utf-8", newline="\n") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    raw = json.loads(line)
+                except json.JSONDecodeError:
+                    raw = None
+                if read(raw) in INVALID_REASONS:
+                    found.append(f"{file}:{number}")
+                    if len(found) == limit:
+                        return found
+    return found
+
+
 def _load_hub(path: str, key: str, kind: str) -> dict[str, list[object]]:
     """The Hub dataset's train split, and its test split, or its validation split when it has no test
     (the TL;DR preference set has train, validation and validation_cnndm)."""
@@ -386,18 +412,21 @@ def check_invalid_share(
     max_fraction: float,
     hints: dict[str, str] = DROP_HINTS,
     key: str = "data.path",
+    where: Sequence[str] = (),
 ) -> None:
     """Invalid rows (INVALID_REASONS) are counted and skipped up to `max_fraction` of a split's
     `n_rows` (data.max_invalid_fraction); more means the file is in another format: a one-line error.
-    `hints` (RowFormat.hints) says what a valid row holds; `key` names the config key of the source."""
+    `hints` (RowFormat.hints) says what a valid row holds; `key` names the config key of the source;
+    `where` ("file:line" of the first invalid rows, `invalid_row_lines`) is named in the error."""
     counts = count_reasons(reasons)
     n_invalid = sum(counts[reason] for reason in INVALID_REASONS)
     if n_rows and n_invalid > max_fraction * n_rows:
         worst = max(INVALID_REASONS, key=counts.get)
+        first = f", the first at {', '.join(where)}" if where else ""
         raise UserError(
             f"{key} '{source}': {n_invalid} of {n_rows} {split} rows are invalid "
-            f"({counts[worst]} {worst}: {hints[worst]}), more than data.max_invalid_fraction={max_fraction:g}; "
-            "fix the file, or raise data.max_invalid_fraction to skip them"
+            f"({counts[worst]} {worst}: {hints[worst]}{first}), more than "
+            f"data.max_invalid_fraction={max_fraction:g}; fix the file, or raise data.max_invalid_fraction to skip them"
         )
 
 
@@ -463,6 +492,11 @@ def read_demonstrations(data_dir: Path, split: str, separate: bool) -> list[dict
     if separate:
         return read_jsonl(data_dir / f"sft_{split}.jsonl")
     return [{"prompt": row["prompt"], "response": row["chosen"]} for row in read_jsonl(data_dir / f"{split}.jsonl")]
+
+
+def heldout_split(data_dir: Path, separate: bool) -> str:
+    """The split `heldout_references` reads: "test", or "val" when the test split is empty."""
+    return "test" if read_demonstrations(data_dir, "test", separate) else "val"
 
 
 def heldout_references(data_dir: Path, separate: bool) -> dict[str, str]:

@@ -254,7 +254,7 @@ def token_logprobs(
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
     ).logits
-    next_logprobs = gather_logprobs(logits[:, :-1] / temperature, input_ids[:, 1:])  # (B, T-1)
+    next_logprobs = gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature)  # (B, T-1)
     return torch.nn.functional.pad(next_logprobs, (1, 0))  # (B, T)
 
 

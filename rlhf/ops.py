@@ -112,19 +112,23 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, moments: T
 # ---------------------------------------------------------------- log-probs and entropy
 
 
-def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
-    """log softmax(logits)[token_id] per position, in float32.
+def gather_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[token_id] per position, in float32.
 
     logits: (B, T, V), token_ids: (B, T) -> (B, T).
     Computed as logit[token] − logsumexp(logits), one batch row at a time, so the float32
     temporaries are (T, V) rather than a full (B, T, V) log_softmax copy (the approach
     of TRL's `selective_log_softmax`). Under autograd each row's float32 copy is still
-    saved for backward. Divide logits by the sampling temperature before calling
-    (Huang et al. 2024), for the policy and the reference alike.
+    saved for backward. `temperature` is the sampling temperature (Huang et al. 2024), for the
+    policy and the reference alike. It divides the logits after the upcast: bf16 logits divided
+    in bf16 are rounded again, while a model prepared by accelerate returns its bf16 logits as
+    float32, so a policy and its identical reference would disagree by ~1e-3 per token.
     """
     rows = []
     for row_logits, row_ids in zip(logits, token_ids):  # (T, V), (T,)
         row_logits = upcast(row_logits)
+        if temperature != 1.0:
+            row_logits = row_logits / temperature
         chosen = row_logits.gather(-1, row_ids.long().unsqueeze(-1)).squeeze(-1)  # (T,)
         rows.append(chosen - torch.logsumexp(row_logits, dim=-1))  # (T,)
     if not rows:
@@ -132,15 +136,16 @@ def gather_logprobs(logits: Tensor, token_ids: Tensor) -> Tensor:
     return torch.stack(rows)  # (B, T)
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy H = −Σ_v p_v log p_v of the next-token distribution p = softmax(logits).
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy H = −Σ_v p_v log p_v of the next-token distribution p = softmax(logits / temperature).
 
-    logits: (B, T, V) -> (B, T), float32, one batch row at a time (see `gather_logprobs`).
-    Uses log_softmax rather than logsumexp(l) − Σ p·l, which cancels badly for large logits.
+    logits: (B, T, V) -> (B, T), float32, one batch row at a time, tempered after the upcast (see
+    `gather_logprobs`). Uses log_softmax rather than logsumexp(l) − Σ p·l, which cancels badly for large logits.
     """
     rows = []
     for row_logits in logits:  # (T, V)
-        row_logprobs = torch.log_softmax(upcast(row_logits), dim=-1)  # (T, V)
+        row_logits = upcast(row_logits)
+        row_logprobs = torch.log_softmax(row_logits / temperature if temperature != 1.0 else row_logits, dim=-1)
         rows.append(-(row_logprobs.exp() * row_logprobs).sum(-1))  # (T,)
     if not rows:
         return upcast(logits.new_zeros(logits.shape[:-1]))

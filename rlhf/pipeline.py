@@ -1,7 +1,7 @@
 """`bash run_all.sh`: run the stage scripts in order, each as its own process.
 
     python -m rlhf.pipeline [--preset NAME | --config FILE] [--output-dir DIR] [--only a,b | --from STAGE]
-                            [--force] [section.key=value ...]
+                            [--force] [section.key=value ...]        (--help lists them)
 
 A stage that already completed for the same config is skipped (without starting its process), so
 re-running the pipeline after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
@@ -18,10 +18,19 @@ import subprocess
 import sys
 import time
 
-from rlhf.cli import REPO_ROOT, already_complete_line, parse_stage_args, run_stage
+from rlhf.cli import (
+    KEYS_HELP,
+    REPO_ROOT,
+    add_run_arguments,
+    already_complete_line,
+    parse_stage_args,
+    run_arguments,
+    run_stage,
+    say,
+)
 from rlhf.errors import UserError
-from rlhf.models import check_context_from_config
 from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed, write_json_atomic
+from rlhf.signals import Interrupted
 
 
 def select_stages(only: str | None, start: str | None, with_collect: bool = True) -> list[str]:
@@ -45,9 +54,18 @@ def select_stages(only: str | None, start: str | None, with_collect: bool = True
 def resume_command(failed: str, stages: list[str], only: str | None, stage_args: list[str]) -> str:
     """The command that re-runs the failed stage and the stages after it that this run was to run: `--only`
     those stages when the run chose its stages with --only (--from would add stages it never asked for),
-    else `--from` the failed stage."""
-    selection = f"--only {','.join(stages[stages.index(failed) :])}" if only else f"--from {failed}"
-    return f"bash run_all.sh {selection} {shlex.join(stage_args)}".rstrip()
+    else `--from` the failed stage. After --force, two commands: the failed stage without it (--force would
+    delete the checkpoint it resumes from), then the stages after it with it."""
+
+    def command(start: str, args: list[str]) -> str:
+        selection = f"--only {','.join(stages[stages.index(start) :])}" if only else f"--from {start}"
+        return f"bash run_all.sh {selection} {shlex.join(args)}".rstrip()
+
+    if "--force" not in stage_args:
+        return command(failed, stage_args)
+    resume = f"bash run_all.sh --only {failed} {shlex.join(arg for arg in stage_args if arg != '--force')}".rstrip()
+    after = stages[stages.index(failed) + 1 :]
+    return f"{resume}, then {command(after[0], stage_args)}" if after else resume
 
 
 def record_pipeline_total(run, seconds: float | None) -> None:
@@ -70,17 +88,47 @@ def stage_command(stage: str, stage_args: list[str], launch: str) -> list[str]:
     return [*(shlex.split(launch) or [sys.executable]), str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args]
 
 
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """run_all.sh's arguments: the stages to run, and the arguments every stage script takes (given to each)."""
+    parser = argparse.ArgumentParser(
+        prog="bash run_all.sh",
+        description="Run the RLHF pipeline's stages in order, each as its own process. A stage that already "
+        "completed for this config is skipped, so after a change only the stages it reaches run again.",
+        epilog=f"Stages, in order: {', '.join(STAGES)} (collect runs when reward.pairs or dpo.pairs reads its pairs, "
+        f"or when named). {KEYS_HELP} RLHF_LAUNCH='accelerate launch ...' starts each stage under a launcher "
+        "(README, Scaling).",
+    )
+    parser.add_argument("--only", metavar="STAGE,...", help="run only these stages (comma-separated)")
+    parser.add_argument("--from", dest="start", metavar="STAGE", help="run this stage and every later one")
+    add_run_arguments(parser)
+    return parser.parse_intermixed_args(argv)  # overrides may come before and after the flags
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="run_all.sh", description="Run the RLHF pipeline's stages in order.")
-    parser.add_argument("--only", help=f"comma-separated stages to run, from: {', '.join(STAGES)}")
-    parser.add_argument("--from", dest="start", help="run this stage and every later one")
-    args, stage_args = parser.parse_known_args(argv)
+    args = parse_args(argv)  # before torch loads (below): --help and a mistyped flag answer at once
+    from rlhf.models import check_context_from_config
+
     if args.only and args.start:
         raise UserError("give --only or --from, not both")
+    stage_args = [*(["--force"] if args.force else []), *run_arguments(args)]  # what each stage script gets
     # Validate the config once, before any stage starts: a typo fails here, not an hour in.
     cfg, run, force = parse_stage_args("pipeline", stage_args)
     check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
     stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg))
+    # Every input the chosen stages need must be complete or among them: name all that are not, at once.
+    if unbuilt := run.unfinished(stages, cfg, will_run=stages):
+        selection = (
+            f"--only {','.join(stage for stage in STAGES if stage in unbuilt or stage in stages)}"
+            if args.only
+            else f"--from {unbuilt[0]}"
+        )
+        chosen = f"--only {args.only}" if args.only else f"--from {args.start}"
+        raise run.unfinished_error(
+            unbuilt,
+            cfg,
+            f"bash run_all.sh {selection} {shlex.join(arg for arg in stage_args if arg != '--force')}",
+            skipped=f", and {chosen} does not run {'it' if len(unbuilt) == 1 else 'them'}",
+        )
     print(f"[pipeline] stages: {', '.join(stages)} -> {run.root}")
     pipeline_start = time.perf_counter()
     ran = []
@@ -89,7 +137,14 @@ def main(argv: list[str] | None = None) -> None:
             print(already_complete_line(stage, run))
             continue
         started = time.perf_counter()
-        result = subprocess.run(stage_command(stage, stage_args, os.environ.get("RLHF_LAUNCH", "")))
+        try:
+            result = subprocess.run(stage_command(stage, stage_args, os.environ.get("RLHF_LAUNCH", "")))
+        except Interrupted as stop:  # Ctrl-C or SIGTERM: the stage keeps its last checkpoint
+            say(
+                f"[pipeline] stopped by {stop} in stage '{stage}'; resume with: "
+                + resume_command(stage, stages, args.only, stage_args)
+            )
+            sys.exit(stop.exit_code)
         if result.returncode != 0:
             print(
                 f"[pipeline] stage '{stage}' failed (exit {result.returncode}); fix it and resume with: "

@@ -30,6 +30,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -113,10 +114,15 @@ def load_reward_function(source: str, key: str) -> RewardFunction:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing = exc.name or module_name
+        if module_name.endswith(".py"):  # a file name where the module name goes
+            raise UserError(
+                f"{key}: no module named '{module_name}' (from reward function '{source}'); name the module "
+                f"without '.py': {key}={module_name.removesuffix('.py')}:{attribute}"
+            ) from None
         if missing == module_name or module_name.startswith(missing + "."):  # the module itself, not one it imports
             raise UserError(
                 f"{key}: no module named '{missing}' (from reward function '{source}'); check the spelling, "
-                f"and run from the folder that holds the module or install it"
+                f"and run from the folder that holds the module, put that folder on PYTHONPATH, or install it"
             ) from None
         raise UserError(
             f"{key}: module '{module_name}' imports '{missing}', which is not installed; install it"
@@ -234,11 +240,17 @@ def load_reward_source(stage: str, spec: str) -> RewardSource:
 
 
 def text_scorer(
-    reward_model, tokenizer, device, batch_size: int, known: dict[tuple[str, str], float] | None = None
+    reward_model,
+    tokenizer,
+    device,
+    batch_size: int,
+    known: dict[tuple[str, str], float] | None = None,
+    autocast: Callable[[], AbstractContextManager] = nullcontext,
 ) -> RewardFunction:
     """A reward model as a reward function, `score(prompts, responses) -> list[float]` on text:
     each (prompt, response) is tokenized with the reward model's own `tokenizer`, scored once in
-    batches of `batch_size`, and remembered in `known` (pass the scores already computed to reuse them)."""
+    batches of `batch_size`, and remembered in `known` (pass the scores already computed to reuse them).
+    `autocast`: the stage's `accelerator.autocast`, so these scores share the precision of those in `known`."""
     known = {} if known is None else known
 
     @torch.no_grad()
@@ -251,7 +263,8 @@ def text_scorer(
                 encode_responses(tokenizer, [r for _, r in chunk]),
                 tokenizer.pad_token_id,
             )
-            values = reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+            with autocast():
+                values = reward_scores(reward_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
             known.update(zip(chunk, values.tolist()))
         return [known[(p, r)] for p, r in zip(prompts, responses)]
 

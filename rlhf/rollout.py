@@ -209,7 +209,7 @@ def generate_rollout(
         pieces.append(generated)
         if return_generation_logprobs:
             raw_logits = torch.stack(out.logits, dim=1)  # (b, R_chunk, V), before any logits processor
-            logprob_pieces.append(gather_logprobs(raw_logits / max(sampling.temperature, 1e-8), generated))
+            logprob_pieces.append(gather_logprobs(raw_logits, generated, max(sampling.temperature, 1e-8)))
 
     # Chunks stop at different lengths: pad every chunk to the longest, marking the padding.
     longest = max(piece.shape[1] for piece in pieces)

@@ -23,10 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from rlhf.config import LORA_STAGES, Config, to_dict
+import yaml
+
+from rlhf.config import LORA_STAGES, Config, all_keys, load_config, to_dict
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 
@@ -74,6 +78,7 @@ STAGE_SCRIPTS = {
     "report": "part4_eval/make_report.py",
 }
 METHOD_STAGES = ("ppo", "grpo", "raft", "dpo", "online_dpo")  # the alignment stages: run.method_seed seeds them
+OPTIONAL_INPUTS = {"eval": METHOD_STAGES}  # inputs a stage runs without: eval evaluates whichever policies completed
 COMPLETE_FILE = "complete.json"
 PAIR_READERS = ("reward", "dpo")  # stages whose `pairs` setting may read the collect stage's pairs
 
@@ -91,6 +96,11 @@ def stage_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
     if stage in PAIR_READERS and getattr(cfg, stage).pairs != "dataset":
         return (*STAGE_INPUTS[stage], "collect")
     return STAGE_INPUTS[stage]
+
+
+def required_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
+    """The input stages `stage` cannot run without under this config: `stage_inputs` less OPTIONAL_INPUTS."""
+    return tuple(name for name in stage_inputs(stage, cfg) if name not in OPTIONAL_INPUTS.get(stage, ()))
 
 
 def config_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
@@ -115,9 +125,11 @@ def fingerprinted_model_section(cfg: Config) -> dict:
 
 
 class RunDir:
-    def __init__(self, root: str | Path, preset: str | None = None):
+    def __init__(self, root: str | Path, preset: str | None = None, args: Sequence[str] | None = None):
         self.root = Path(root)
         self.preset = preset
+        # the command-line arguments that chose this folder and config (without --force): suggested commands repeat them
+        self.args = list(args) if args is not None else None
 
     def stage(self, name: str) -> Path:
         return self.root / name
@@ -168,19 +180,79 @@ class RunDir:
     def clear_complete(self, stage: str) -> None:
         (self.stage(stage) / COMPLETE_FILE).unlink(missing_ok=True)
 
-    def require(self, stage: str, cfg: Config) -> None:
-        """Fail at start-up, in one line, when an input stage has not completed for this config."""
-        if self.is_complete(stage, cfg):
+    def require(self, stages: str | Iterable[str], cfg: Config, then: str | None = None) -> None:
+        """Fail at start-up, in one line, when an input stage has not completed for this config. The line names
+        every stage missing (the inputs' own inputs too), the keys a stage run with another config differs in,
+        and one `run_all.sh` command that builds them and then runs `then` (the stage starting)."""
+        stages = (stages,) if isinstance(stages, str) else tuple(stages)
+        if all(self.is_complete(stage, cfg) for stage in stages):
             return
-        flags = f"--preset {self.preset}" if self.preset else "--config FILE"
-        why = (
-            "was run with a different config" if (self.stage(stage) / COMPLETE_FILE).is_file() else "has not completed"
+        unfinished = self.unfinished(stages, cfg)
+        build = ",".join(stage for stage in STAGES if stage in unfinished or stage == then)
+        raise self.unfinished_error(unfinished, cfg, f"bash run_all.sh --only {build} {shlex.join(self.hint_args())}")
+
+    def unfinished(self, stages: Iterable[str], cfg: Config, will_run: Iterable[str] = ()) -> list[str]:
+        """`stages` and, through each that has not completed (or is in `will_run`), the stages it needs: those not
+        complete for this config and not in `will_run`, in pipeline order."""
+        will_run, todo, seen, found = set(will_run), list(stages), set(), set()
+        while todo:
+            stage = todo.pop()
+            if stage in seen:
+                continue
+            seen.add(stage)
+            if stage in will_run or not self.is_complete(stage, cfg):
+                todo.extend(required_inputs(stage, cfg))
+                if stage not in will_run:
+                    found.add(stage)
+        return [stage for stage in STAGES if stage in found]
+
+    def unfinished_error(self, unfinished: Sequence[str], cfg: Config, build: str, skipped: str = "") -> UserError:
+        """The one-line error for input stages `unfinished` (in pipeline order) that have not completed for this
+        config: those never run, and those run with another config with the keys it differs in and how to reuse
+        them; `build` is the command that builds them with this config, `skipped` why it is needed (may be "")."""
+        missing = [stage for stage in unfinished if not (self.stage(stage) / COMPLETE_FILE).is_file()]
+        stale = [stage for stage in unfinished if stage not in missing]
+        problems = []
+        if missing:
+            problems.append(f"{_stage_list(missing)} {'has' if len(missing) == 1 else 'have'} not completed")
+        if stale:
+            problems.append(f"{_stage_list(stale)} {'was' if len(stale) == 1 else 'were'} run with a different config")
+        problem = f"{' and '.join(problems)} in {self.root}{skipped}"
+        target = "it" if len(unfinished) == 1 else "them"
+        if not stale:
+            return UserError(f"{problem}; build {target} with: {build}")
+        # The last stale stage's config.yaml covers every section the earlier ones read.
+        saved = self.stage(stale[-1]) / "config.yaml"
+        ran_with = self.saved_config(stale[-1])
+        if ran_with is None:
+            return UserError(
+                f"{problem}; repeat the overrides {target} ran with, or redo {target} with this config: {build}"
+            )
+        differences = config_differences(ran_with, cfg, fingerprinted_keys(stale[-1], cfg))
+        shown = ", ".join(f"{key}: {_spell(old)} there, {_spell(new)} now" for key, old, new in differences[:5])
+        more = f" and {len(differences) - 5} more" if len(differences) > 5 else ""
+        overrides = " ".join(shlex.quote(f"{key}={_spell(old)}") for key, old, _ in differences)
+        repeat = f"add {overrides} (the settings {target} ran with), or " if differences and not more else ""
+        instead_of = f"--preset {self.preset}" if self.preset else "your --config"
+        return UserError(
+            f"{problem}{f' ({shown}{more})' if shown else ''}; {repeat}pass --config {saved} in place of {instead_of}, "
+            f"or redo {target} with this config: {build}"
         )
-        raise UserError(
-            f"stage '{stage}' {why} in {self.root}; "
-            f"run `python {STAGE_SCRIPTS[stage]} {flags} --output-dir {self.root}` "
-            f"(or bash run_all.sh --from {stage}) first"
-        )
+
+    def saved_config(self, stage: str) -> Config | None:
+        """The config in the stage's config.yaml when it reproduces the fingerprint its complete.json holds."""
+        try:
+            saved = load_config(self.stage(stage) / "config.yaml")
+            marker = json.loads((self.stage(stage) / COMPLETE_FILE).read_text())
+        except (UserError, OSError, ValueError):
+            return None
+        return saved if marker.get("fingerprint") == self.fingerprint(stage, saved) else None
+
+    def hint_args(self) -> list[str]:
+        """The arguments a suggested command repeats: those of this command, else the preset and folder."""
+        if self.args is not None:
+            return self.args
+        return [*(["--preset", self.preset] if self.preset else ["--config", "FILE"]), "--output-dir", str(self.root)]
 
     # -- inputs -----------------------------------------------------------------------
 
@@ -215,6 +287,41 @@ class RunDir:
             else:
                 summary[key] = value
         write_json_atomic(self.summary_path, summary)
+
+
+def fingerprinted_keys(stage: str, cfg: Config) -> list[str]:
+    """The config keys `stage`'s fingerprint covers: those of the sections it and its inputs read (transitively),
+    the seed and the precision."""
+    sections, todo = set(), [stage]
+    while todo:
+        name = todo.pop()
+        sections.update(STAGE_SECTIONS[name])
+        todo.extend(stage_inputs(name, cfg))
+    run_keys = ("run.seed", "run.method_seed", "run.mixed_precision")
+    return [key for key in all_keys(cfg) if key.partition(".")[0] in sections or key in run_keys]
+
+
+def config_differences(old: Config, new: Config, keys: Iterable[str]) -> list[tuple[str, object, object]]:
+    """(key, old value, new value) for each of `keys` (dotted, e.g. "sft.lr") whose value differs."""
+
+    def value(tree: dict, key: str) -> object:
+        for name in key.split("."):
+            tree = tree[name]
+        return tree
+
+    old_tree, new_tree = to_dict(old), to_dict(new)
+    pairs = [(key, value(old_tree, key), value(new_tree, key)) for key in keys]
+    return [(key, old_value, new_value) for key, old_value, new_value in pairs if old_value != new_value]
+
+
+def _spell(value: object) -> str:
+    """A config value as a `key=value` override spells it (null, true, 0.0003, {n_layer: 1})."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _stage_list(stages: Sequence[str]) -> str:
+    names = ", ".join(f"'{stage}'" for stage in stages)
+    return f"stage {names}" if len(stages) == 1 else f"stages {names}"
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -18,8 +18,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
-
 HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 _deferring = False  # inside a training loop: a signal waits for the next checkpoint
@@ -78,6 +76,8 @@ def checkpoint_due(accelerator, save_every: int, step: int, total: int) -> bool:
     before the last (0: never), or now when any process was asked to stop. After the last step
     no stop is deferred any more. Every process must call it at the same step (it reduces)."""
     global _deferring, _requested
+    import torch  # here, not at the top: run_stage (rlhf.cli) imports this module before any argument is parsed
+
     requested = torch.tensor(float(_requested is not None), device=accelerator.device)
     if accelerator.reduce(requested, reduction="max").item() > 0:
         _requested = _requested or signal.SIGTERM  # stop with the others even if this process got no signal

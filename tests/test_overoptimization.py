@@ -258,7 +258,8 @@ def test_overoptimization_command_end_to_end(tiny_run, tmp_path):
 
 def test_overoptimization_flag_mistakes_are_one_line_errors(tmp_path):
     result = run_script("part4_eval/overoptimization.py", tmp_path, "--rewards", "gold", check=False)
-    assert result.returncode == 2 and "stage 'data' has not completed" in result.stderr
+    assert result.returncode == 2 and "stages 'data', 'sft', 'reward' have not completed" in result.stderr
+    assert "build them with: bash run_all.sh --only data,sft,reward --preset tiny" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

@@ -303,7 +303,7 @@ def test_unknown_preset_and_missing_upstream_stage(tmp_path):
     result = run_script("part1_reward/train_sft.py", tmp_path / "run", preset="nope", check=False)
     assert result.returncode == 2 and "available presets" in result.stderr
     result = run_script("part1_reward/train_reward.py", tmp_path / "run", check=False)
-    assert result.returncode == 2 and "stage 'sft' has not completed" in result.stderr
+    assert result.returncode == 2 and "stages 'data', 'sft' have not completed" in result.stderr
 
 
 def test_gpt2_hh_preset_runs_offline_with_random_init(tmp_path):

@@ -5,18 +5,24 @@ checks made before any stage starts. (tests/test_pipeline_e2e.py runs the real s
 from __future__ import annotations
 
 import shlex
+import signal
 import subprocess
+import sys
 
 import pytest
+from conftest import REPO
 
 from rlhf import pipeline
+from rlhf.cli import parse_stage_args
 from rlhf.config import load_config, preset_path
 from rlhf.errors import UserError
 from rlhf.run import STAGE_SCRIPTS, STAGES, RunDir
+from rlhf.signals import Interrupted
 
 
 class FakeStages:
-    """subprocess.run for the pipeline's stage processes: records the stages started; `fail` exits 1."""
+    """subprocess.run for the pipeline's stage processes: records the stages started and marks each complete for
+    its config, as the stage would; `fail` exits 1."""
 
     def __init__(self, fail: str | None = None):
         self.started: list[str] = []
@@ -25,7 +31,11 @@ class FakeStages:
     def __call__(self, command: list[str]) -> subprocess.CompletedProcess:
         stage = next(stage for stage, script in STAGE_SCRIPTS.items() if command[1].endswith(script))
         self.started.append(stage)
-        return subprocess.CompletedProcess(command, 1 if stage == self.fail else 0)
+        if stage == self.fail:
+            return subprocess.CompletedProcess(command, 1)
+        cfg, run, _ = parse_stage_args(stage, command[2:])
+        run.mark_complete(stage, cfg, {})
+        return subprocess.CompletedProcess(command, 0)
 
 
 @pytest.fixture
@@ -91,6 +101,7 @@ def test_the_resume_command_after_a_failure_re_runs_the_failed_stage(tmp_path, f
     assert rerun.started == ["collect"]
 
     # a whole run that trains on collected pairs: --from the failed stage, which then runs first
+    out = str(tmp_path / "collected")  # a new run folder: the one above holds a complete collect stage
     failing = fake(fail="collect")
     with pytest.raises(SystemExit):
         pipeline.main(["--preset", "tiny", "--output-dir", out, "reward.pairs=collected"])
@@ -127,3 +138,91 @@ def test_the_model_context_is_checked_before_any_stage_starts(tmp_path, fake):
             ["--preset", "gpt2-hh", "--output-dir", str(tmp_path), *overrides]
         )
     assert not (tmp_path / "data" / "train.jsonl").exists()
+
+
+def test_inputs_the_chosen_stages_need_are_named_before_any_stage_starts(tmp_path, fake):
+    """`run_all.sh --from ppo` on an empty folder failed in ppo and said `resume with: bash run_all.sh --from ppo`."""
+    out = str(tmp_path)
+    started = fake()
+    with pytest.raises(UserError) as error:
+        pipeline.main(["--from", "ppo", "--preset", "tiny", "--output-dir", out])
+    assert str(error.value) == (
+        f"stages 'data', 'sft', 'reward' have not completed in {out}, and --from ppo does not run them; "
+        f"build them with: bash run_all.sh --from data --preset tiny --output-dir {out}"
+    )
+    with pytest.raises(UserError) as error:
+        pipeline.main(["--only", "grpo,eval", "--preset", "tiny", "--output-dir", out, "grpo.lr=1e-4"])
+    assert str(error.value).endswith(
+        f"build them with: bash run_all.sh --only data,sft,reward,grpo,eval --preset tiny --output-dir {out} "
+        "grpo.lr=1e-4"
+    )
+    assert started.started == []
+
+
+def test_a_stale_input_of_the_chosen_stages_names_the_keys(tmp_path, fake):
+    out = str(tmp_path)
+    cfg = load_config(preset_path("tiny"), ["eval.num_prompts=50"])
+    run = RunDir(tmp_path)
+    for stage in ("data", "sft", "reward", "eval"):
+        run.mark_complete(stage, cfg, {})
+    started = fake()
+    with pytest.raises(UserError) as error:
+        pipeline.main(["--only", "report", "--output-dir", out])
+    message = str(error.value)
+    assert message.startswith(
+        f"stage 'eval' was run with a different config in {out}, and --only report does not run it"
+    )  # no eval/config.yaml here: it cannot name the keys
+    assert message.endswith(f"redo it with this config: bash run_all.sh --only eval,report --output-dir {out}")
+    pipeline.main(["--only", "report", "--output-dir", out, "eval.num_prompts=50"])  # the settings it ran with
+    assert started.started == ["report"]
+
+
+def test_after_force_the_resume_command_does_not_start_the_failed_stage_over(tmp_path, fake, capsys, monkeypatch):
+    """--force deletes the checkpoint a stage resumes from: repeating it restarted an interrupted stage from 0."""
+    out = str(tmp_path)
+    failing = fake(fail="ppo")
+    with pytest.raises(SystemExit):
+        pipeline.main(["--force", "--preset", "tiny", "--output-dir", out])
+    assert failing.started[-1] == "ppo"
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.endswith(
+        f"resume with: bash run_all.sh --only ppo --preset tiny --output-dir {out}, "
+        f"then bash run_all.sh --from grpo --force --preset tiny --output-dir {out}"
+    )
+
+    def interrupted(command):
+        raise Interrupted(signal.SIGINT)  # Ctrl-C while the stage runs
+
+    monkeypatch.setattr(subprocess, "run", interrupted)
+    with pytest.raises(SystemExit) as exit_info:
+        pipeline.main(["--only", "ppo,eval", "--force", "--preset", "tiny", "--output-dir", out])
+    assert exit_info.value.code == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"[pipeline] stopped by SIGINT in stage 'ppo'; resume with: bash run_all.sh --only ppo --preset tiny "
+        f"--output-dir {out}, then bash run_all.sh --only eval --force --preset tiny --output-dir {out}"
+    )
+
+
+def test_help_lists_every_argument_and_answers_before_torch_loads(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        pipeline.parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert exit_info.value.code == 0 and text.startswith("usage: bash run_all.sh")
+    for item in ("--only", "--from", "--preset", "--config", "--output-dir", "--force", "section.key=value"):
+        assert item in text
+    assert "rlhf/config.py" in " ".join(text.split())  # where every key is
+    # a mistyped flag is run_all.sh's usage error, not the "pipeline stage" parser's
+    with pytest.raises(SystemExit) as exit_info:
+        pipeline.parse_args(["--presett", "tiny"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "usage: bash run_all.sh" in err and "unrecognized arguments: --presett" in err
+    # overrides may come before and after the flags, as before
+    args = pipeline.parse_args(["sft.lr=1e-4", "--only", "sft", "reward.lr=2e-4"])
+    assert args.only == "sft" and args.overrides == ["sft.lr=1e-4", "reward.lr=2e-4"]
+    probe = (
+        "import runpy, sys\nsys.argv = ['run_all.sh', '--help']\n"
+        "try:\n    runpy.run_module('rlhf.pipeline', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'no torch')"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip().endswith("no torch")

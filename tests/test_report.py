@@ -875,3 +875,14 @@ def test_reward_vs_kl_names_every_model_in_its_legend(tmp_path, monkeypatch):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["best-of-N", "SFT", "PPO", "GRPO", "DPO"]
     assert [t.get_text() for t in ax.texts] == ["N=1"]  # no model label written beside its point
     assert len({c.get_paths()[0].vertices.tobytes() for c in ax.collections}) == 4  # a marker shape per model
+
+
+def test_the_headline_says_when_eval_answered_validation_prompts():
+    """A dataset without a test split: eval falls back to validation prompts (rlhf.data.heldout_split), and the
+    report called them held-out prompts."""
+    data = hh_run_data({})
+    assert "same 30 held-out prompts" in R.section_headline(data)
+    data.summary["eval"]["prompt_split"] = "val"
+    text = R.section_headline(data)
+    assert "same 30 validation prompts (the data has no test split) with the same decoding" in text
+    assert "held-out" not in text

@@ -100,8 +100,14 @@ def test_load_reward_function_finds_functions_and_names_every_mistake(tmp_path, 
     cases = {
         "no_such_module_xyz:f": "grpo.reward: no module named 'no_such_module_xyz' "
         "(from reward function 'no_such_module_xyz:f'); "
-        "check the spelling, and run from the folder that holds the module or install it",
+        "check the spelling, and run from the folder that holds the module, put that folder on PYTHONPATH, "
+        "or install it",
         "rlhf.no_such_module:f": "grpo.reward: no module named 'rlhf.no_such_module'",
+        # a file name where the module name goes (README's my_rewards.py): drop the .py
+        "my_rewards.py:short": "grpo.reward: no module named 'my_rewards.py' (from reward function "
+        "'my_rewards.py:short'); name the module without '.py': grpo.reward=my_rewards:short",
+        "no_such_file.py:f": "grpo.reward: no module named 'no_such_file.py' (from reward function "
+        "'no_such_file.py:f'); name the module without '.py': grpo.reward=no_such_file:f",
         "needs_dep:f": "grpo.reward: module 'needs_dep' imports 'not_installed_package_xyz', which is not installed; "
         "install it",
         "broken_rewards:f": "grpo.reward: importing 'broken_rewards' for reward function 'broken_rewards:f' failed: "

@@ -2,6 +2,7 @@
 hand in each test; GAE, whitening, the PPO/GRPO losses and the KL estimators are tested in
 test_ops.py and test_losses.py."""
 
+import contextlib
 import json
 import math
 import re
@@ -44,7 +45,7 @@ from rlhf.rl.shaping import (
     make_kl_controller,
     shape_rewards,
 )
-from rlhf.rl.stats import gold_metrics, head_to_head, loop_costs, pearson, response_metrics
+from rlhf.rl.stats import flat_reward_warning, gold_metrics, head_to_head, loop_costs, pearson, response_metrics
 from rlhf.run import RunDir
 
 
@@ -568,7 +569,9 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
     eval_texts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: What is 2 plus 2?\n\nAssistant:"]
     ids = tokenizer(eval_texts, add_special_tokens=False)["input_ids"]
     prompts = RLPrompts(eval_texts, eval_texts, ids, ids)
-    accelerator = SimpleNamespace(device=torch.device("cpu"), process_index=0, num_processes=1)
+    accelerator = SimpleNamespace(
+        device=torch.device("cpu"), process_index=0, num_processes=1, autocast=contextlib.nullcontext
+    )
     sampling = SamplingConfig(max_new_tokens=6, temperature=0.7)
 
     def evaluate(model):
@@ -586,3 +589,17 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
         policy.lm_head.weight.mul_(2.0)  # (tied to the embeddings) a sharper, different policy
     moved = evaluate(policy)
     assert moved["grpo/eval/kl_to_ref"] != 0.0 and moved == evaluate(policy)  # same seed each time
+
+
+def test_grpo_warns_once_when_its_reward_is_flat_within_groups():
+    """A custom reward constant in almost every group (zero_std_groups 0.875 to 1.0) trained on without a word."""
+    shares = [1.0, 0.875, 1.0, 0.875, 1.0, 1.0, 1.0]  # mean 0.95 over the first 5 iterations
+    warnings = [flat_reward_warning(shares[:i], "my_rewards:polite", 8) for i in range(1, 8)]
+    assert warnings[4] == (
+        "[grpo] warning: in the first 5 iterations, 95% of groups gave all 8 samples the same reward "
+        "(grpo/objective/zero_std_groups), and such a group teaches nothing; make grpo.reward='my_rewards:polite' "
+        "tell more of the responses apart, or raise grpo.group_size or grpo.temperature"
+    )
+    assert [w is not None for w in warnings] == [False, False, False, False, True, False, False]  # once
+    assert flat_reward_warning([0.5] * 5, "model", 8) is None  # at the threshold: a reward that varies enough
+    assert flat_reward_warning([0.0, 0.0, 0.1, 0.0, 0.05], "model", 4) is None

@@ -14,6 +14,7 @@ from rlhf.data import (
     DEMONSTRATION_FORMATS,
     PAIR_FORMATS,
     heldout_references,
+    heldout_split,
     length_stats,
     load_raw_splits,
     read_demonstrations,
@@ -161,6 +162,9 @@ def test_heldout_references_keep_the_first_per_prompt_and_fall_back_to_val(tmp_p
         [{"prompt": "a", "response": " 1"}, {"prompt": "b", "response": " 2"}, {"prompt": "a", "response": " 3"}],
     )
     assert heldout_references(tmp_path, separate=True) == {"a": " 1", "b": " 2"}
+    assert heldout_split(tmp_path, separate=True) == "val"  # what eval records as eval.prompt_split
+    write_jsonl(tmp_path / "sft_test.jsonl", [{"prompt": "c", "response": " 4"}])
+    assert heldout_split(tmp_path, separate=True) == "test"
 
 
 def test_length_stats_of_demonstrations():

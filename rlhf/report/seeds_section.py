@@ -52,7 +52,7 @@ def section_seeds(data: RunData) -> str:
         f"{JUDGES.get(judge, 'a judge this report does not describe')}. Each method is compared with the SFT answers "
         "of its own seed run. *mean* is over seeds × prompts; its 95% interval counts both the seeds and the "
         "prompts (two-way random-effects ANOVA with Satterthwaite's degrees of freedom, `rlhf/seeds.py`), so it is "
-        "wider than one run's Wilson interval; *sd* is the spread of the per-seed values.",
+        "wider than one run's interval, which counts the prompts alone; *sd* is the spread of the per-seed values.",
         "",
     ]
     rows = []

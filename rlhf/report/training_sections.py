@@ -223,8 +223,14 @@ def section_headline(data: RunData) -> str:
     n_bon = get_path(data.summary, "eval.best_of_n.n_prompts")
     statement = judges_statement(data)
     lines += [statement, ""] if statement else []
+    # eval answers validation prompts when the data has no test split (rlhf.data.heldout_split)
+    prompts = (
+        "validation prompts (the data has no test split)"
+        if get_path(data.summary, "eval.prompt_split") == "val"
+        else "held-out prompts"
+    )
     lines += [
-        f"Every model answered the same {fmt(n) + ' ' if is_number(n) else ''}held-out prompts with the same "
+        f"Every model answered the same {fmt(n) + ' ' if is_number(n) else ''}{prompts} with the same "
         "decoding settings"
         + (f" (best-of-N: the first {fmt(n_bon)} of them)" if is_number(n_bon) else "")
         + "; details in [Evaluation](#evaluation).",

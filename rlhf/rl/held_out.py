@@ -38,17 +38,20 @@ def sample_for_eval(
     policy.eval()
 
     def one_batch(batch: list[tuple[int, list[int]]]) -> list[dict]:
-        rollout = generate_rollout(
-            policy, tokenizer, [ids for _, ids in batch], sampling, batch_size, row_seeds=[s for s, _ in batch]
-        )
-        rewards = score_rollout(reward_model, rollout, batch_size)  # (b,)
-        kl = torch.zeros_like(rewards)
-        if reference is not None:
-            kl = sequence_kl(
-                rollout_logprobs(policy, rollout, sampling.temperature, batch_size),
-                rollout_logprobs(reference, rollout, sampling.temperature, batch_size),
-                rollout.response_mask,
+        # Under the stage's autocast, as its training-time passes: a prepared policy autocasts by itself, but the
+        # SFT policy, the reference and the reward model would otherwise run in float32 under bf16.
+        with accelerator.autocast():
+            rollout = generate_rollout(
+                policy, tokenizer, [ids for _, ids in batch], sampling, batch_size, row_seeds=[s for s, _ in batch]
             )
+            rewards = score_rollout(reward_model, rollout, batch_size)  # (b,)
+            kl = torch.zeros_like(rewards)
+            if reference is not None:
+                kl = sequence_kl(
+                    rollout_logprobs(policy, rollout, sampling.temperature, batch_size),
+                    rollout_logprobs(reference, rollout, sampling.temperature, batch_size),
+                    rollout.response_mask,
+                )
         return [
             {"response": text, "response_ids": ids, "reward": r, "length": n, "finished": f, "kl": k}
             for text, ids, r, n, f, k in zip(

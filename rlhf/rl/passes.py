@@ -15,13 +15,13 @@ def shifted_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> T
     logits: (B, T, V) from a forward pass over input_ids (B, T) -> (B, T), aligned with the tokens:
     column t uses the logits at t - 1; column 0 is 0. The same as `rlhf.models.token_logprobs`.
     """
-    return torch.nn.functional.pad(gather_logprobs(logits[:, :-1] / temperature, input_ids[:, 1:]), (1, 0))
+    return torch.nn.functional.pad(gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature), (1, 0))
 
 
 def shifted_entropy(logits: Tensor, temperature: float) -> Tensor:
     """Entropy of the next-token distribution that produced each token, at the temperature;
     (B, T, V) -> (B, T), column 0 is 0."""
-    return torch.nn.functional.pad(entropy_from_logits(logits[:, :-1] / temperature), (1, 0))
+    return torch.nn.functional.pad(entropy_from_logits(logits[:, :-1], temperature), (1, 0))
 
 
 def align_values(position_values: Tensor) -> Tensor:

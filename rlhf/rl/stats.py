@@ -95,3 +95,20 @@ def loop_costs(
         "peak_memory_source": peak_source,
         "state_memory_mb": state_memory_mb(modules, optimizers),
     }
+
+
+def flat_reward_warning(
+    zero_std_shares: list[float], reward: str, group_size: int, window: int = 5, threshold: float = 0.5
+) -> str | None:
+    """GRPO's warning that its reward barely varies within a group, or None. A group whose G rewards are all equal
+    has zero advantages and teaches nothing (`rlhf.ops.group_advantages`), so a reward constant in most groups (a
+    custom function with few levels) trains on without signal. `zero_std_shares` holds `objective/zero_std_groups`
+    of each iteration this run, in order: the warning comes once, when the `window`-th arrives and their mean
+    exceeds `threshold`. A console message only: nothing the stage computes depends on it."""
+    if len(zero_std_shares) != window or (mean := sum(zero_std_shares) / window) <= threshold:
+        return None
+    return (
+        f"[grpo] warning: in the first {window} iterations, {mean:.0%} of groups gave all {group_size} samples the "
+        f"same reward (grpo/objective/zero_std_groups), and such a group teaches nothing; make grpo.reward='{reward}' "
+        "tell more of the responses apart, or raise grpo.group_size or grpo.temperature"
+    )

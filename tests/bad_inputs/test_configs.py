@@ -13,7 +13,7 @@ from rlhf.rl.plan import plan_rl
 from rlhf.run import COMPLETE_FILE, RunDir
 from rlhf.training import plan_steps
 
-from .helpers import assert_nothing_lost, assert_problem_and_fix, fail_in_process
+from .helpers import assert_nothing_lost, assert_problem_and_fix, fail_in_process, stage_module
 
 DATA = "part1_reward/analyze_data.py"
 SFT = "part1_reward/train_sft.py"
@@ -117,6 +117,22 @@ def test_grpo_batch_not_divisible_by_the_group_size_fails_before_clearing_the_st
     )
     assert json.loads(finished.read_text()) == {"fingerprint": "from-another-config"}  # a config error keeps it
     assert not run.checkpoint_dir("grpo").exists()
+
+
+def test_a_reward_flat_within_groups_gets_one_warning(capsys, rl_run, tmp_path, monkeypatch):
+    """A custom reward equal for all G samples of nearly every group trained on without a word (zero_std_groups
+    0.875 to 1.0): GRPO says so once, on the console, and trains as before."""
+    (tmp_path / "flat_rewards.py").write_text("def constant(prompts, responses):\n    return [1.0] * len(responses)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    small = ["grpo.total_episodes=48", "grpo.batch_size=8", "grpo.micro_batch_size=8", "grpo.forward_batch_size=8"]
+    small += ["grpo.eval_prompts=0", "grpo.max_new_tokens=8", "grpo.save_every=0"]
+    argv = ["--preset", "tiny", "--output-dir", str(rl_run), "grpo.reward=flat_rewards:constant", *small]
+    capsys.readouterr()
+    stage_module(GRPO).main(argv)  # 6 iterations of 2 groups of 4
+    err = capsys.readouterr().err
+    assert err.count("[grpo] warning: in the first 5 iterations, ") == 1
+    assert "make grpo.reward='flat_rewards:constant' tell more of the responses apart" in err
+    assert (rl_run / "grpo" / COMPLETE_FILE).is_file()
 
 
 def test_batch_not_divisible_by_the_number_of_processes():

@@ -128,6 +128,32 @@ def test_mix_within_the_invalid_share_is_counted_and_skipped(capsys, run_dir, tm
     assert_nothing_lost(strict, "data")
 
 
+def test_skipped_rows_are_named_by_line_and_a_missing_test_split_is_said_once(capsys, run_dir, tmp_path):
+    """A file of pairs alone (no test file) with a blank line and two invalid rows: the data stage says where the
+    invalid rows are (file:line, blank lines counted, as an editor shows them), and once that there is no test
+    split and what that does to the reward stage and eval (before: `test = 0`, then `test nan`, then validation
+    prompts reported as held-out ones)."""
+    no_turn = {"chosen": "\n\nHuman: hi", "rejected": "\n\nHuman: yo"}
+    path = write_lines(tmp_path / "mine.jsonl", [*GOOD[:10], "", "{not json", *GOOD[10:], no_turn])  # lines 12, 63
+    capsys.readouterr()
+    stage_module(DATA).main(["--preset", "tiny", "--output-dir", str(run_dir), f"data.path={path}"])
+    err = capsys.readouterr().err
+    assert (
+        f"[data] warning: data.path '{path}': skipped 2 invalid train rows of 62 (1 malformed, 1 no_assistant_turn); "
+        f"the first at {path}:12, {path}:63"
+    ) in err
+    assert (
+        f"[data] warning: data.path '{path}': it has no test split (no file whose name contains 'test'), so the "
+        "reward model's test accuracy will be nan and eval will answer validation prompts, not held-out test ones; "
+        "add a file whose name contains 'test' to hold one out"
+    ) in err
+    assert err.count("test split") == 1
+    # past data.max_invalid_fraction the error names the lines too
+    strict = prepare_run(tmp_path / "strict")
+    message = fail_in_process(capsys, DATA, strict, f"data.path={path}", "data.max_invalid_fraction=0.01")
+    assert_problem_and_fix(message, f"the first at {path}:12, {path}:63", "fix the file")
+
+
 @pytest.mark.parametrize(
     "reasons, n_rows, max_fraction, stops",
     [

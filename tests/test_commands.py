@@ -1,0 +1,81 @@
+"""The commands as the README writes them: a script runs the code of the checkout it stands in, its --help says
+where every key is, and the line after a Ctrl-C names the command that resumes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+from conftest import REPO
+
+from rlhf.cli import parse_stage_args, run_stage
+from rlhf.signals import Interrupted
+
+
+def test_a_script_runs_the_code_and_folders_of_its_own_checkout(tmp_path):
+    """With a .venv whose editable install points at another clone (here: this one), a script in a second checkout
+    imported that clone's rlhf, and with it its default outputs/ ("already complete ... in <the other clone>")."""
+    clone = tmp_path / "clone"
+    for name in ("rlhf", "part4_eval", "configs"):
+        shutil.copytree(REPO / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "rlhf" / "errors.py").write_text(
+        (REPO / "rlhf" / "errors.py").read_text() + "\nCHECKOUT = 'clone'\n"
+    )  # to tell whose code ran
+    probe = clone / "part4_eval" / "probe.py"
+    probe.write_text(
+        (REPO / "part4_eval" / "make_report.py").read_text().split("\nfrom rlhf", 1)[0]  # its header, up to rlhf
+        + "\nfrom rlhf import errors\n\nprint(getattr(errors, 'CHECKOUT', 'other'))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert ran.stdout.strip() == "clone", ran.stderr
+    report = subprocess.run(
+        [sys.executable, str(clone / "part4_eval" / "make_report.py"), "--preset", "tiny"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert report.returncode == 2
+    assert f"have not completed in {clone / 'outputs' / 'tiny'};" in report.stderr, report.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, again",
+    [
+        (["--preset", "tiny"], "re-run the same command to resume"),
+        (["--preset", "tiny", "--force"], "re-run the same command without --force (which starts over) to resume"),
+        (["--fo", "--preset", "tiny"], "without --force"),  # argparse takes a prefix of a flag
+    ],
+)
+def test_the_line_after_a_stop_names_the_command_that_resumes(capsys, tmp_path, argv, again):
+    """`--force` deletes the checkpoint: repeating the command after Ctrl-C restarted from iteration 0."""
+
+    def main(_argv):
+        raise Interrupted(signal.SIGINT, tmp_path / "checkpoint")
+
+    with mock.patch.object(sys, "argv", ["train_grpo.py", *argv]), pytest.raises(SystemExit) as exit_info:
+        run_stage(main)
+    line = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 130 and "\n" not in line
+    assert line.startswith("stopped by SIGINT after 0s; checkpoint saved in ") and again in line
+
+
+def test_a_stage_scripts_help_names_the_script_and_where_every_key_is(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_stage_args("sft", ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert exit_info.value.code == 0 and text.startswith("usage: python part1_reward/train_sft.py")
+    assert "rlhf/config.py" in text and "section.key=value" in text
+
+
+def test_the_readme_says_to_activate_the_environment_its_python_commands_need():
+    """`python part4_eval/make_report.py` failed with "No module named 'rlhf'": the README never said to activate."""
+    readme = (REPO / "README.md").read_text()
+    quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    assert "source .venv/bin/activate" in quickstart
