@@ -27,6 +27,9 @@ PIPELINE_OVERRIDES = [
     "raft.eval_prompts=16",
     "dpo.max_train_pairs=128",
     "dpo.eval_prompts=16",
+    "online_dpo.total_episodes=128",
+    "online_dpo.batch_size=32",
+    "online_dpo.eval_prompts=16",
     "eval.num_prompts=40",
     "eval.best_of_n=4",
     "eval.best_of_n_prompts=10",
@@ -60,7 +63,7 @@ def test_completed_upstream_stages_are_skipped(full_run):
 def test_eval_measures_every_policy_the_same_way(full_run):
     run, _stdout = full_run
     evaluation = read_summary(run)["eval"]
-    assert set(evaluation["models"]) == {"sft", "ppo", "grpo", "raft", "dpo", "best_of_4"}
+    assert set(evaluation["models"]) == {"sft", "ppo", "grpo", "raft", "dpo", "online_dpo", "best_of_4"}
     for name, metrics in evaluation["models"].items():
         for key in (
             "reward_mean",
@@ -75,7 +78,7 @@ def test_eval_measures_every_policy_the_same_way(full_run):
         assert metrics["n"] == (10 if name == "best_of_4" else 40)
     assert evaluation["models"]["sft"]["kl_to_ref"] == 0.0
     assert evaluation["models"]["best_of_4"]["kl_to_ref"] == pytest.approx(1.3862944 - 0.75)
-    for model in ("ppo", "grpo", "raft", "dpo", "best_of_4"):
+    for model in ("ppo", "grpo", "raft", "dpo", "online_dpo", "best_of_4"):
         rates = evaluation["win_rates"]["gold"][f"{model}_vs_sft"]
         assert 0.0 <= rates["win_rate"] <= 1.0 and rates["ci95_low"] <= rates["win_rate"] <= rates["ci95_high"]
         assert "lc_win_rate" in rates

@@ -55,7 +55,7 @@ FEW_STEPS = [
     "dpo.eval_prompts=4",
     *(
         f"{rl}.{key}"
-        for rl in ("ppo", "grpo")
+        for rl in ("ppo", "grpo", "online_dpo")
         for key in (
             "total_episodes=16",
             "batch_size=8",
@@ -152,10 +152,10 @@ def test_data_stage_counts_both_sources_edge_cases(tldr_run):
 def test_every_stage_ran_on_the_presets_architecture(tldr_run):
     preset, run, _ = tldr_run
     architecture = {"pythia1b-tldr": "GPTNeoXForCausalLM", "llama1b-tldr": "LlamaForCausalLM"}[preset]
-    for stage in ("sft", "ppo", "grpo", "raft", "dpo"):
+    for stage in ("sft", "ppo", "grpo", "raft", "dpo", "online_dpo"):
         config = json.loads((run / stage / "model" / "config.json").read_text())
         assert config["architectures"] == [architecture] and config["num_hidden_layers"] == 2
-    for stage in ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo", "eval"):
+    for stage in ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo", "eval"):
         assert (run / stage / "complete.json").is_file(), stage
     assert (run / "report.md").is_file()
 
@@ -171,7 +171,7 @@ def test_sft_trained_on_the_demonstrations_and_reports_rouge_l(tldr_run):
 def test_eval_judges_every_model_against_the_reference_summary(tldr_run):
     _, run, _ = tldr_run
     evaluation = read_summary(run)["eval"]
-    models = {"sft", "ppo", "grpo", "raft", "dpo", "best_of_2"}
+    models = {"sft", "ppo", "grpo", "raft", "dpo", "online_dpo", "best_of_2"}
     assert set(evaluation["models"]) == models
     assert set(evaluation["win_rates"]["reward"]) == {f"{model}_vs_reference" for model in models}
     # The reference is the SFT test split's summary of each prompt.

@@ -75,8 +75,9 @@ def section_intro(data: RunData) -> str:
         "",
         "This report compares the ways this pipeline aligns a language model to preferences: supervised fine-tuning "
         "(SFT) on the preferred responses, then a reward model and three online methods that optimise it (PPO, GRPO, "
-        "and RAFT, which fine-tunes on its own best-of-N samples), and DPO, which learns from the preference pairs "
-        "directly. Every number below is read from the run folder"
+        "and RAFT, which fine-tunes on its own best-of-N samples), DPO, which learns from the preference pairs "
+        "directly, and online DPO, which learns from pairs of its own samples that the reward model labels as it "
+        "trains. Every number below is read from the run folder"
         + (f" `{data.run_dir}`" if data.run_dir else "")
         + " by `part4_eval/make_report.py`; nothing is retrained.",
         "",
