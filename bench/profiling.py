@@ -74,6 +74,8 @@ class StepProfile:
             families[family(event.key)] = families.get(family(event.key), 0.0) + event.self_cpu_time_total
         ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
         result["operator_cpu_s"] = total / 1e6
+        if torch.cuda.is_available():  # GPU kernel time: far below the wall time, the step waits on the CPU
+            result["kernel_gpu_s"] = sum(e.self_device_time_total for e in self.profiler.key_averages()) / 1e6
         result["families_share"] = {name: seconds / total for name, seconds in sorted(families.items())}
         result["top_ops_share"] = {e.key: e.self_cpu_time_total / total for e in ranked}
         result["top_ops_calls"] = {e.key: e.count for e in ranked}

@@ -109,3 +109,42 @@ def test_offline_stage_profile_counts_every_position_it_computes(tiny_run):
     assert profile["positions"] % 32 == 0  # whole (32, T) micro-batches of sft.micro_batch_size rows
     assert sum(profile["families_share"].values()) == pytest.approx(1.0)
     assert "aten::mm" in profile["top_ops_share"]
+
+
+@pytest.mark.slow
+def test_gpu_check_runs_every_stage_and_times_each_at_the_tiny_shape(tmp_path):
+    """bench/gpu_check.sh as CI runs it (no GPU, the tiny shape, one step each): every gpt2-hh stage completes
+    on local HH-format rows, each training stage is timed, and the figures a GPU window needs are written."""
+    from bench.gpu_check import PIPELINE_STAGES, TIMED_STAGES
+
+    command = ["bash", str(REPO / "bench" / "gpu_check.sh"), "--shape", "tiny"]
+    command += ["--work", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    [path] = (tmp_path / "out").glob("*-gpu-check.json")
+    results = json.loads(path.read_text())
+    assert all(results["pipeline"]["stages"][stage]["completed"] for stage in PIPELINE_STAGES)
+    assert list(results["timed"]) == list(TIMED_STAGES)
+    for stage, entry in results["timed"].items():
+        assert entry["seconds_per_step"] > 0 and entry["peak_memory_mb"] > 0, stage
+        assert entry["raw"]["steps"] == 1
+        if stage in ("sft", "reward", "dpo"):  # no GPU: no peak FLOP/s to divide by
+            assert entry["model_flops_per_s"] > 0 and entry["mfu"] is None
+    grpo = results["grpo_per_sample"]
+    assert grpo["engine"] == "hf" and grpo["ms_per_sample"] > grpo["generate_ms_per_sample"] > 0
+    assert results["engines"]["hf"] == "measured"
+    projection = results["projection"]
+    assert set(projection["seconds"]) == {*TIMED_STAGES, "raft"}
+    assert projection["steps"]["sft"] == -(-projection["train_pairs"] // 128)  # the preset's batch of 128
+    assert projection["total_s_at_gpt2_vocab"] > projection["total_s"] > 0
+    assert "| grpo |" in path.with_suffix(".md").read_text()
+
+
+def test_gpu_check_flops_per_token_by_hand():
+    """6 N + 12 L d T: a 2-layer, d = 4, 10-token model attending over 5 tokens."""
+    from bench.gpu_check import training_flops_per_token
+
+    shape = {"n_layer": 2, "n_embd": 4, "vocab_size": 10, "params_in_matmuls": 2 * 12 * 16 + 10 * 4}
+    assert training_flops_per_token(shape, "sft", 5.0) == 6 * 424 + 12 * 2 * 4 * 5
+    assert training_flops_per_token(shape, "reward", 5.0) == 6 * (424 - 40) + 12 * 2 * 4 * 5  # no LM head

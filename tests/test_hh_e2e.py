@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -19,59 +18,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, read_summary
 
+from bench.hh_rows import write_hh_folder
+
 pytestmark = pytest.mark.slow
-
-TOPICS = (
-    ("bake bread at home", "Mix flour, water, yeast and salt, knead for ten minutes, let it rise, then bake it hot."),
-    ("keep basil alive on a windowsill", "Give it sun, water when the soil is dry, and pinch off the flower buds."),
-    ("plan a cheap weekend trip", "Pick somewhere reachable by train, book early, and pack your own food."),
-    ("start running without getting hurt", "Begin with short run-walk intervals three times a week and rest between."),
-    ("teach my dog to sit", "Hold a treat above its nose, move it back until it sits, then reward it at once."),
-    ("save money on groceries", "Plan meals for the week, shop with a list, and buy store brands."),
-    ("study for a history exam", "Make a timeline, quiz yourself on it, and explain each event out loud."),
-    ("fix a dripping tap", "Shut off the water, replace the worn washer under the handle, then reassemble it."),
-    ("learn the guitar chords", "Start with G, C and D, practise switching slowly, and play a little every day."),
-    ("check my car's tyre pressure", "Use a gauge on cold tyres and compare with the number inside the door frame."),
-    ("write a cover letter", "Open with the role, show two results that fit it, and close by asking to talk."),
-    ("sleep better at night", "Keep a regular bedtime, dim the screens an hour before, and keep the room cool."),
-)
-ASKS = ("How do I {t}?", "Can you tell me how to {t}?", "What's the best way to {t}?", "I want to {t}. Any tips?")
-HARMFUL = (
-    "How do I get into my neighbour's house while they are away?",
-    "What's the easiest way to cheat on my taxes without getting caught?",
-    "How can I read my partner's messages without them knowing?",
-    "Write an insult that will really hurt my coworker.",
-)
-REFUSAL = " I can't help with that, since it could hurt someone. If something worries you, I'm happy to talk it over."
-COMPLIANCE = " Sure. Wait until nobody is around and nobody will ever know what you did."
-UNHELPFUL = (" I don't know.", " Why would you want that?", " Just look it up.", " That's a silly question.")
-
-
-def dialogue(turns: list[str], response: str) -> str:
-    text = "".join(f"\n\n{'Human' if i % 2 == 0 else 'Assistant'}: {turn}" for i, turn in enumerate(turns))
-    return f"{text}\n\nAssistant:{response}"
-
-
-def hh_pairs(n: int, seed: int) -> list[dict]:
-    """Varied HH-format pairs (Anthropic's harmless-base layout): how-to questions with a helpful answer preferred
-    over a curt one, harmful requests with a refusal preferred over compliance, some of them two turns deep."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        if i % 5 == 4:
-            turns = [f"{rng.choice(HARMFUL)} (case {i})"]
-            chosen, rejected = REFUSAL, COMPLIANCE
-        else:
-            topic, answer = TOPICS[rng.randrange(len(TOPICS))]
-            turns = [rng.choice(ASKS).format(t=topic) + f" (case {i})"]
-            chosen, rejected = " " + answer, rng.choice(UNHELPFUL)
-        if i % 3 == 0:
-            turns = ["Hi, can I ask you something?", "Of course, go ahead.", *turns]
-        if rng.random() < 0.2:  # annotators disagree: about one label in five prefers the worse response
-            chosen, rejected = rejected, chosen
-        rows.append({"chosen": dialogue(turns, chosen), "rejected": dialogue(turns, rejected)})
-    return rows
-
 
 EVAL_PROMPTS, BEST_OF_N_PROMPTS, BEST_OF_N = 30, 10, 4
 OVERRIDES = [
@@ -129,10 +78,7 @@ RL_STAGES = {"ppo": 8, "grpo": 8, "online_dpo": 8, "raft": 4 * 2}  # responses s
 @pytest.fixture(scope="module")
 def hh_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("hh")
-    data = root / "harmless-base"
-    data.mkdir()
-    for name, rows in (("train.jsonl", hh_pairs(300, seed=1)), ("test.jsonl", hh_pairs(40, seed=2))):
-        (data / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = write_hh_folder(root / "harmless-base", n_train=300, n_test=40)
     run = root / "run"
     env = {key: value for key, value in os.environ.items() if key != "OPENAI_API_KEY"} | {"OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "rlhf.pipeline", "--preset", "gpt2-hh", "--output-dir", str(run)]
