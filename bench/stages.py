@@ -35,16 +35,16 @@ sys.path.insert(0, str(REPO))  # run as a script: the stage modules (part*/) imp
 
 from profiling import StepProfile  # noqa: E402
 
-from part1_reward.train_sft import encode_demonstrations  # noqa: E402
-from part3_dpo.train_dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
 from rlhf.batching import (  # noqa: E402
     collate_sequences,
     collate_shared_prompt_pairs,
+    encode_demonstrations,
     encode_pairs,
     shared_prompt_pair_length,
 )
 from rlhf.config import Config, load_config, preset_path  # noqa: E402
 from rlhf.data import read_demonstrations, read_jsonl  # noqa: E402
+from rlhf.dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
 from rlhf.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
 from rlhf.models import (  # noqa: E402
     SharedPromptPairRewards,

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
-from rlhf.batching import collate_sequences, encode_responses, encode_texts
+from rlhf.batching import collate_sequences, encode_demonstrations, encode_texts
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import read_demonstrations, write_jsonl
@@ -34,11 +34,6 @@ from rlhf.rl.stats import peak_memory_mb
 from rlhf.rollout import SamplingConfig, sample_responses
 from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator, sft_batch_loss
-
-
-def encode_demonstrations(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
-    prompts = encode_texts(tokenizer, [row["prompt"] for row in rows])
-    return list(zip(prompts, encode_responses(tokenizer, [row["response"] for row in rows])))
 
 
 def validation_nll(model, examples, collate, batch_size, accelerator) -> float:

@@ -44,6 +44,12 @@ def encode_responses(tokenizer, responses: list[str]) -> list[list[int]]:
     return [ids + [tokenizer.eos_token_id] for ids in encode_texts(tokenizer, responses)]
 
 
+def encode_demonstrations(tokenizer, rows: list[dict]) -> list[tuple[list[int], list[int]]]:
+    """SFT rows ({"prompt", "response"}) -> (prompt ids, response ids) pairs."""
+    prompts = encode_texts(tokenizer, [row["prompt"] for row in rows])
+    return list(zip(prompts, encode_responses(tokenizer, [row["response"] for row in rows])))
+
+
 def encode_pairs(tokenizer, rows: list[dict]) -> list[EncodedPair]:
     prompts = encode_texts(tokenizer, [row["prompt"] for row in rows])
     chosen = encode_responses(tokenizer, [row["chosen"] for row in rows])

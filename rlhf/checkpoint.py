@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from rlhf.errors import UserError
-from rlhf.faults import fault_point
+from rlhf.fault_points import fault_point
 
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "model.safetensors"

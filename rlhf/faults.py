@@ -21,8 +21,8 @@ summary.json results, metrics.jsonl and samples, timings and memory left out (`V
 On CPU with one thread per process the kernels are deterministic, so no tolerance is needed.
 The table (stage, trials, survived, identical) is printed and written to `<output-dir>/faults.json`.
 
-The same module holds the one hook the stages carry for this: `fault_point(name)`, a no-op unless
-the environment variable RLHF_FAULT names that point (see `fault_point`).
+The stages carry one hook for this, `rlhf.fault_points.fault_point(name)`, a no-op unless the environment
+variable RLHF_FAULT names that point.
 """
 
 from __future__ import annotations
@@ -40,38 +40,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FAULT_ENV = "RLHF_FAULT"
-_reached: dict[str, int] = {}  # fault point -> times reached in this process
-
-
-def fault_point(name: str) -> None:
-    """Test hook at a named point of the stage code; nothing happens unless RLHF_FAULT is set.
-
-    RLHF_FAULT=<action>@<point>[:<n>] acts the n-th time (default 1) this process reaches `point`:
-      kill  SIGKILL this process: a crash at exactly that point (points `checkpoint`, `publish`)
-      oom   raise torch.cuda.OutOfMemoryError, as a GPU out of memory would (point `optimizer_step`)
-    """
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    action, _, target = spec.partition("@")
-    point, _, nth = target.partition(":")
-    if point != name:
-        return
-    _reached[name] = _reached.get(name, 0) + 1
-    if _reached[name] != int(nth or 1):
-        return
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "oom":
-        import torch
-
-        raise torch.cuda.OutOfMemoryError(f"CUDA out of memory (injected by {FAULT_ENV}={spec})")
-    else:
-        raise ValueError(f"{FAULT_ENV}={spec}: unknown action '{action}'; use kill or oom")
-
-
-# ----------------------------------------------------------------------------- the runner
+from rlhf.checkpoint import STATE_FILE, resolve_complete
+from rlhf.fault_points import FAULT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STAGE_ORDER = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "eval")
@@ -175,8 +145,6 @@ def loadable_checkpoint_step(checkpoint: Path) -> int | None:
     """The step a stage would resume from (None: none), after checking that the folder it would load
     is whole: state.json, optimizer and RNG state present, and weights that parse."""
     from safetensors.torch import load_file
-
-    from rlhf.checkpoint import STATE_FILE, resolve_complete
 
     folder = resolve_complete(checkpoint, STATE_FILE)
     if folder is None:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from rlhf.checkpoint import checkpoint_fingerprint, load_training_state, save_training_state
 from rlhf.config import Config, TrainConfig
 from rlhf.errors import UserError
-from rlhf.faults import fault_point
+from rlhf.fault_points import fault_point
 from rlhf.losses import sft_loss
 from rlhf.models import token_logprobs
 from rlhf.run import RunDir, stage_seed

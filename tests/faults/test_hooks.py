@@ -10,7 +10,7 @@ import signal
 import pytest
 import torch
 
-from rlhf import faults, signals
+from rlhf import fault_points, signals
 from rlhf.rl.checkpoints import drop_samples_after
 
 
@@ -25,22 +25,22 @@ class OneProcess:
 
 
 def test_fault_point_does_nothing_unless_named(monkeypatch):
-    monkeypatch.setattr(faults, "_reached", {})
-    monkeypatch.delenv(faults.FAULT_ENV, raising=False)
-    faults.fault_point("optimizer_step")
-    monkeypatch.setenv(faults.FAULT_ENV, "oom@checkpoint")
-    faults.fault_point("optimizer_step")
-    assert faults._reached == {}
+    monkeypatch.setattr(fault_points, "_reached", {})
+    monkeypatch.delenv(fault_points.FAULT_ENV, raising=False)
+    fault_points.fault_point("optimizer_step")
+    monkeypatch.setenv(fault_points.FAULT_ENV, "oom@checkpoint")
+    fault_points.fault_point("optimizer_step")
+    assert fault_points._reached == {}
 
 
 def test_fault_point_acts_the_nth_time(monkeypatch):
-    monkeypatch.setattr(faults, "_reached", {})
-    monkeypatch.setenv(faults.FAULT_ENV, "oom@optimizer_step:3")
-    faults.fault_point("optimizer_step")
-    faults.fault_point("optimizer_step")
+    monkeypatch.setattr(fault_points, "_reached", {})
+    monkeypatch.setenv(fault_points.FAULT_ENV, "oom@optimizer_step:3")
+    fault_points.fault_point("optimizer_step")
+    fault_points.fault_point("optimizer_step")
     with pytest.raises(torch.cuda.OutOfMemoryError, match="injected by RLHF_FAULT"):
-        faults.fault_point("optimizer_step")
-    faults.fault_point("optimizer_step")  # once only
+        fault_points.fault_point("optimizer_step")
+    fault_points.fault_point("optimizer_step")  # once only
 
 
 def test_a_signal_outside_a_training_loop_interrupts_at_once():

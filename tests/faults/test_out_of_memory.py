@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from bad_inputs.helpers import fail_in_process
 
-from rlhf import faults
+from rlhf import fault_points
 from rlhf.cli import out_of_memory_advice
 
 from .conftest import SFT_ARGS, sft_folder
@@ -14,8 +14,8 @@ from .conftest import SFT_ARGS, sft_folder
 
 def test_out_of_memory_in_a_training_step_names_the_micro_batch_key(data_run, tmp_path, capsys, monkeypatch):
     run = sft_folder(data_run, tmp_path / "run")
-    monkeypatch.setenv(faults.FAULT_ENV, "oom@optimizer_step")
-    monkeypatch.setattr(faults, "_reached", {})
+    monkeypatch.setenv(fault_points.FAULT_ENV, "oom@optimizer_step")
+    monkeypatch.setattr(fault_points, "_reached", {})
     message = fail_in_process(capsys, "part1_reward/train_sft.py", run, *SFT_ARGS)
     assert message.startswith("sft: CUDA out of memory; halve sft.micro_batch_size (")
     assert "or sft.eval_batch_size if it ran out while sampling or evaluating" in message
