@@ -11,6 +11,6 @@ source scripts/env.sh
 "$PY" -m ruff format --check .
 # One worker per core (RLHF_TEST_WORKERS overrides; 0 runs in this process), each test file on one worker so
 # that its module fixtures are built once, and one torch thread per worker: two workers' threads then never
-# spin against each other on a small machine (README, Performance).
+# spin against each other on a small machine (docs/performance.md).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile "$@"

@@ -28,8 +28,8 @@ from rlhf.signals import Interrupted, graceful_stops
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KEYS_HELP = (
-    "Every config key, with a comment, is in rlhf/config.py (the presets in configs/); README.md, 'Key settings', "
-    "explains the main ones."
+    "Every config key, with a comment, is in rlhf/config.py (the presets in configs/); docs/configuration.md "
+    "lists them and explains the main ones."
 )
 
 

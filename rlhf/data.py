@@ -35,7 +35,7 @@ ASSISTANT = "\n\nAssistant:"
 LOCAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 
 # Every reason a raw pair can be dropped, in the order they are checked. The data stage
-# reports a count for each: this is the edge-case table of README.md.
+# reports a count for each: docs/metrics.md lists them (data.dropped.<reason>).
 DROP_REASONS = (
     "malformed",  # not a mapping with string `chosen` and `rejected`
     "no_assistant_turn",  # a dialogue without "\n\nAssistant:"

@@ -6,7 +6,7 @@
 A stage that already completed for the same config is skipped (without starting its process), so
 re-running the pipeline after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
 stage under a launcher, e.g. `accelerate launch --config_file configs/accelerate/ddp.yaml` or
-`torchrun --nproc_per_node 8` (README, "Many GPUs (accelerate)").
+`torchrun --nproc_per_node 8` (docs/scaling.md, "Many GPUs (accelerate)").
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "completed for this config is skipped, so after a change only the stages it reaches run again.",
         epilog=f"Stages, in order: {', '.join(STAGES)} (collect runs when reward.pairs or dpo.pairs reads its pairs, "
         f"or when named). {KEYS_HELP} RLHF_LAUNCH='accelerate launch ...' starts each stage under a launcher "
-        "(README, Scaling).",
+        "(docs/scaling.md).",
     )
     parser.add_argument("--only", metavar="STAGE,...", help="run only these stages (comma-separated)")
     parser.add_argument("--from", dest="start", metavar="STAGE", help="run this stage and every later one")

@@ -67,8 +67,8 @@ def warn_if_cpu_shared(accelerator: Accelerator) -> None:
 
     torch's default is one intra-op thread per core. When another process keeps a core busy, its
     threads spin at every barrier waiting for the one that was descheduled: a reward-model step on
-    a 2-core machine shared with one busy job took 3.0 s with 2 threads and 0.34 s with 1 (README,
-    Performance). The thread count is left alone, so a stage's numbers never depend on the machine's
+    a 2-core machine shared with one busy job took 3.0 s with 2 threads and 0.34 s with 1
+    (docs/performance.md). The thread count is left alone, so a stage's numbers never depend on the machine's
     load (a different count can change float reductions); the advice says how to choose it.
     """
     if accelerator.device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:

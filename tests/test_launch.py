@@ -31,8 +31,8 @@ def test_accelerate_configs_load_with_accelerates_own_loader(name):
 
 def test_accelerate_config_folder_holds_exactly_the_documented_files():
     assert sorted(p.name for p in (REPO / "configs" / "accelerate").iterdir()) == sorted(CONFIGS)
-    readme = (REPO / "README.md").read_text()
-    assert "configs/accelerate/" in readme and all(f"`{name}`" in readme for name in CONFIGS)
+    scaling = (REPO / "docs" / "scaling.md").read_text()
+    assert "configs/accelerate/" in scaling and all(f"`{name}`" in scaling for name in CONFIGS)
 
 
 def test_rlhf_launch_is_split_like_a_shell_and_defaults_to_this_interpreter():
