@@ -5,12 +5,14 @@
 Reads only files in the run folder (summary.json, eval/responses/*.jsonl, eval/suites/*.jsonl,
 each stage's metrics.jsonl, reward/error_analysis.json, the model's safetensors header); never
 loads a model or retrains, so it runs in seconds. Writes `<run>/report.md` and PNG
-figures beside it. The markdown comes from the pure, tested functions of the `rlhf.report` package;
+figures beside it, and `<run>/report.html`: the same sections on one self-contained page (figures inlined)
+with a browser of every evaluation sample. Both come from the pure, tested functions of the `rlhf.report` package;
 anything the run lacks (a stage, a judge, gold scores) becomes a one-line note, not an error.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import struct
 import sys
@@ -34,13 +36,17 @@ from rlhf.report import (
     TRAINED_STAGES,
     RunData,
     eval_models,
+    get_path,
     is_number,
+    join_sections,
     model_label,
     order_models,
-    render_report,
+    render_html,
+    render_sections,
     win_rate_matrix,
 )
 from rlhf.run import RunDir, write_text_atomic
+from rlhf.task import parse_prompt
 
 # Figures other stages drew, linked from the report when present (key -> path in the run folder).
 STAGE_FIGURES = {
@@ -98,6 +104,25 @@ def safetensors_parameter_count(model_dir: Path) -> int | None:
     return total
 
 
+def prompt_families(prompts, embedded: bool) -> dict[str, str]:
+    """The embedded task's family of each prompt (the sample browser filters by it); none on other data."""
+    families = {}
+    for prompt in prompts if embedded else ():
+        try:
+            families[prompt] = parse_prompt(prompt).family
+        except ValueError:
+            continue  # not a task prompt: unfiltered by family
+    return families
+
+
+def inline_figures(root: Path, figures: dict[str, str]) -> dict[str, str]:
+    """Each figure's path as report.md links it -> a base64 PNG data URI, for report.html."""
+    return {
+        rel: "data:image/png;base64," + base64.b64encode((root / rel).read_bytes()).decode("ascii")
+        for rel in figures.values()
+    }
+
+
 def load_run(run: RunDir, cfg, problems: list[str]) -> tuple[RunData, dict[str, list[dict]]]:
     """Everything the report shows, read from the run folder; also each stage's metrics rows."""
     summary = run.read_summary()
@@ -135,6 +160,10 @@ def load_run(run: RunDir, cfg, problems: list[str]) -> tuple[RunData, dict[str, 
         suite_rows=suite_rows,
         error_analysis=read_json_optional(run.stage("reward") / "error_analysis.json", problems),
         seeds=read_json_optional(run.root / "seeds" / "summary.json", problems),
+        prompt_families=prompt_families(
+            {row.get("prompt") for rows in responses.values() for row in rows},
+            get_path(summary, "data.source") == "embedded",
+        ),
     )
     return data, histories
 
@@ -188,7 +217,7 @@ def draw_figures(data: RunData, histories: dict[str, list[dict]], out_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("report", argv, requires=("eval",))
+    started = start_stage("report", argv, requires=("eval",), one_process=True)
     if started is None:
         return
     cfg, run = started
@@ -206,16 +235,22 @@ def main(argv: list[str] | None = None) -> None:
     figures.update({key: rel for key, rel in STAGE_FIGURES.items() if (run.root / rel).is_file()})
     data.figures = figures
 
-    # 3. Markdown from the pure functions of rlhf.report, written atomically.
-    text = render_report(data, problems)
-    write_text_atomic(run.root / "report.md", text)
+    # 3. Markdown and the HTML page from the same sections (pure functions of rlhf.report), written atomically.
+    sections = render_sections(data, problems)
+    write_text_atomic(run.root / "report.md", join_sections(sections))
+    write_text_atomic(run.root / "report.html", render_html(sections, data, inline_figures(run.root, figures)))
 
     # 4. Timing, then mark complete.
     run.update_summary({"timing_s": {"report": round(time.perf_counter() - t_start, 2)}})
-    run.mark_complete("report", cfg, {"report": "report.md", "figures": sorted(figures.values())})
+    run.mark_complete(
+        "report", cfg, {"report": "report.md", "html": "report.html", "figures": sorted(figures.values())}
+    )
     for problem in problems:
         print(f"[report] warning: {problem}", file=sys.stderr)
-    print(f"[report] wrote {run.root / 'report.md'} with {len(figures)} figures ({len(problems)} warnings)")
+    print(
+        f"[report] wrote {run.root / 'report.md'} and report.html with {len(figures)} figures "
+        f"({len(problems)} warnings)"
+    )
 
 
 if __name__ == "__main__":

@@ -49,9 +49,15 @@ def plot_reward_distributions(chosen: list[float], rejected: list[float], path: 
     _save(fig, path)
 
 
+def curve_keys(history: list[dict], keys: list[str]) -> list[str]:
+    """The keys logged at two or more steps: a metric logged once (a final `*/val/*` number) is a point, not a
+    curve, and is left to the tables."""
+    return [key for key in keys if sum(key in row for row in history) >= 2]
+
+
 def plot_training_curves(history: list[dict], keys: list[str], path: Path, title: str) -> None:
-    """One panel per metric key against optimizer step, from MetricLogger rows."""
-    keys = [key for key in keys if any(key in row for row in history)]
+    """One panel per metric key logged at two or more steps, against optimizer step, from MetricLogger rows."""
+    keys = curve_keys(history, keys)
     if not keys:
         return
     cols = min(3, len(keys))
@@ -266,10 +272,11 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
 def plot_stage_curves(
     histories: dict[str, list[dict]], keys: dict[str, list[str]], path: Path, titles: dict[str, str] | None = None
 ) -> bool:
-    """Every stage's training curves on one page: one row per stage, one panel per metric key present."""
+    """Every stage's training curves on one page: one row per stage, one panel per metric key logged at two or
+    more steps (`curve_keys`)."""
     rows = []
     for stage, history in histories.items():
-        present = [key for key in keys.get(stage, []) if any(key in row for row in history)]
+        present = curve_keys(history, keys.get(stage, []))
         if present:
             rows.append((stage, present))
     if not rows:

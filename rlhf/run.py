@@ -1,7 +1,7 @@
 """The run folder: where each stage reads its inputs and writes its outputs.
 
     <output-dir>/
-      summary.json            every stage merges its results here (keys documented in README.md)
+      summary.json            every stage merges its results here (keys documented in docs/metrics.md)
       data/                   train/val/test.jsonl, stats.json, lengths.png, tokenizer/
       sft/  reward/  ...      one folder per stage:
         model/                final artifact in Hugging Face format (safetensors + tokenizer)
@@ -10,7 +10,7 @@
         config.yaml           the resolved config the stage ran with
         metrics.jsonl         every logged metric, keys stage/group/name
         complete.json         written last: the config fingerprint the outputs belong to
-      tensorboard/<stage>/
+      tensorboard/<stage>/      one TensorBoard run per stage, tags group/name (`objective/kl`)
 
 A stage is *complete* when complete.json exists and its fingerprint matches the current
 config. The fingerprint covers the config sections the stage reads and, recursively, the

@@ -1,7 +1,9 @@
 """One logging path: every metric goes to JSONL, TensorBoard and the progress bar through `log()`.
 
 Keys follow `stage/group/name`, e.g. `sft/train/loss`, `reward/val/accuracy`,
-`ppo/policy/clipfrac`; the README's metric glossary lists them all.
+`ppo/policy/clipfrac`; the README's metric glossary lists them all. metrics.jsonl keeps the full key;
+TensorBoard gets one run per stage (`<run>/tensorboard/<stage>/`) and the key without its stage
+(`objective/kl`), so the same quantity of two stages (PPO's and GRPO's KL) shares one chart, as in TRL.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ from tqdm.auto import tqdm
 
 from rlhf.config import Config, dump_yaml
 from rlhf.run import write_text_atomic
+
+
+def tensorboard_tag(key: str) -> str:
+    """A metric's TensorBoard tag: its `stage/group/name` key without the stage, which is the TensorBoard run."""
+    return key.split("/", 1)[1]
 
 
 class MetricLogger:
@@ -49,7 +56,7 @@ class MetricLogger:
             self._writer.close()
         writer_class, log_dir, config_text = self._tensorboard
         self._writer = writer_class(log_dir, purge_step=purge_step)
-        self._writer.add_text(f"{self.stage}/config", config_text)
+        self._writer.add_text("config", config_text)
 
     def resume(self, step: int) -> None:
         """This run starts after `step`: the checkpoint it resumed from, 0 for a fresh start.
@@ -97,7 +104,7 @@ class MetricLogger:
         self._jsonl.flush()
         for key, value in clean.items():
             if math.isfinite(value):
-                self._writer.add_scalar(key, value, step)
+                self._writer.add_scalar(tensorboard_tag(key), value, step)
         if self._bar is not None and postfix:
             self._bar.set_postfix({key.rsplit("/", 1)[-1]: f"{clean[key]:.4g}" for key in postfix if key in clean})
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,8 @@ from safetensors.numpy import save_file
 
 from rlhf import report as R
 from rlhf.config import load_config, preset_path
+from rlhf.report.html import markdown_to_html
+from rlhf.report.samples import PromptSamples, pick_disagreements, score_key, side_by_side
 from rlhf.run import RunDir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -167,11 +172,13 @@ def test_training_row_per_stage_shows_its_final_metrics():
         "timing_s": {"grpo": 150.0},
     }
     text = R.section_training(R.RunData(summary=summary))
-    assert "| GRPO | 8 iterations | group size G 4; RM reward 0.500 | 2.5 min | 812 MB (max_rss) |" in text
+    assert "| GRPO | 8 iterations | group size G 4; val RM reward 0.500 | 2.5 min | 812 MB (max_rss) |" in text
     assert "_PPO: not in this run (no `ppo` section in summary.json)._" in text
     raft = {"raft": {"rounds": 4, "episodes": 2048, "samples_per_prompt": 4, "top_k": 1, "kl_to_ref": 0.25}}
     text = R.section_training(R.RunData(summary=raft))
-    assert "| RAFT | 4 rounds | episodes 2,048; samples per prompt N 4; kept per prompt 1; KL to ref 0.250 |" in text
+    assert (
+        "| RAFT | 4 rounds | episodes 2,048; samples per prompt N 4; kept per prompt 1; val KL to ref 0.250 |" in text
+    )
 
 
 def test_a_section_that_breaks_becomes_a_visible_note():
@@ -458,7 +465,8 @@ def response_rows(model: str, shift: float) -> list[dict]:
                 "length": 4 + (3 * i if model == "ppo" else i),
                 "finished": True,
                 "kl": 0.5 * i,
-                "gold_score": 1.0 if i % 2 == 0 else 0.0,
+                # the models disagree on gold on two prompts: PPO alone is right on prompt 1, DPO alone wrong on 4
+                "gold_score": {("ppo", 1): 1.0, ("dpo", 4): -1.0}.get((model, i), 1.0 if i % 2 == 0 else 0.0),
             }
         )
     return rows
@@ -601,7 +609,7 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert (
         "| best-of-16 | 1.500 | 1.835 | 0.600 | 0.520 | 13.0 | n/a |" in text
     )  # headline: no best_of_16_vs_sft pairing
-    assert "| PPO | 1.234 | 4.567 | 0.512 | 0.450 | 18.2 | 0.625 [0.512, 0.726] |" in text
+    assert "| PPO | 1.234 | 4.567 | 0.512 | 0.450 | 18.2 | 0.625 [0.512, 0.726] | 50 / 30 / 0 | 0.000 |" in text
     assert "| reward vs gold | 0.654 | 240 | 0.701 | 180 | 0 |" in text
     assert "| capability | 45 | 0.250 | 0.500 |" in text and "| verbosity | 135 | 0.750 | 0.400 |" in text
     assert "| 16 | 1.835 | 1.210 |" in text  # best-of-N: log 16 - 15/16, 0.01 + 0.3 * 4
@@ -615,7 +623,7 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "| DPO | 64 steps | loss sigmoid; β 0.100; final train loss 0.512" in text
     assert "| **total** | 429.7 | 7.2 min | 100.0% |  |" in text
     assert "1.23M parameters" in text
-    assert "| SFT | 0.012 | 0.000 | 0.351 | 0.300 | 11.5 | (reference) |" in text
+    assert "| SFT | 0.012 | 0.000 | 0.351 | 0.300 | 11.5 | (reference) |  |  |" in text
     # PPO's interval excludes 0.5 but its Holm-adjusted sign test does not pass 0.05 under gold; it does
     # under the reward judge, where it is the only comparison with SFT.
     assert (
@@ -639,7 +647,7 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     )
     assert "**Judges:** `gold` (the embedded task's exact judge), independent of training; and `reward`" in text
     assert "| val | (from train) | 230 |" in text
-    assert "held-out prompts with the same decoding settings (best-of-N: the first 40 of them)" in text
+    assert "held-out test prompts with the same decoding settings (best-of-N: the first 40 of them)" in text
     assert "`temperature` 0.7, `top_p` 1, `max_new_tokens` 64, `seed` 1234, `num_prompts` 80." in text
     assert "not in this run (no `grpo` section in summary.json)" in text
     assert "GRPO: not evaluated in this run (no `eval.models.grpo`)" in text
@@ -648,8 +656,12 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "**External: published numbers, not measured in this run.**" in text and "0.629 / 0.669 / 0.689" in text
     # External numbers appear only in their own section.
     assert "0.60–0.67" not in text.split("## External reference points")[0]
-    # Samples: every model's response to the same prompt, side by side.
-    assert "| best-of-16 |  best_of_16 says 0. | 1.400 | 4 | 1.000 |" in text
+    # Samples: the prompts where the models disagree on gold, largest spread first, every model's answer.
+    samples = text.split("## Samples")[1].split("## Failure")[0]
+    assert "differ in gold score on 2 of the 6 evaluation prompts" in samples
+    assert samples.index("### Sample 1: `arith`, gold scores from -1.000 to 1.000") < samples.index("### Sample 2:")
+    assert "| DPO |  dpo says 8. | 0.800 | 8 | -1.000 |" in samples and "| PPO |  ppo says 2. and more |" in samples
+    assert "### Sample 3" not in samples  # the other four prompts: every model scores the same
 
 
 def test_make_report_figures_are_valid_pngs_and_linked(reported):
@@ -841,7 +853,9 @@ def test_agreement_is_shown_between_whichever_judges_ran():
 def test_counts_name_the_prompts_they_are_over():
     text = R.render_report(hh_run_data({}))
     # best-of-4 answered 10 of the 30 prompts: the samples are drawn from those 10, and said to be
-    assert "3 of the 30 evaluation prompts (evenly spaced, not cherry-picked, over the 10 that best-of-4 also " in text
+    assert (
+        "on 10 of the 10 evaluation prompts that every model answered (best-of-4 answered only these of the 30)" in text
+    )
     # its 10-prompt mean (0.945) is not ranked against the 30-prompt means, but beside theirs on its 10 prompts
     assert "- Highest mean reward-model score: PPO (0.500)." in text
     assert (
@@ -881,8 +895,232 @@ def test_the_headline_says_when_eval_answered_validation_prompts():
     """A dataset without a test split: eval falls back to validation prompts (rlhf.data.heldout_split), and the
     report called them held-out prompts."""
     data = hh_run_data({})
-    assert "same 30 held-out prompts" in R.section_headline(data)
+    assert "same 30 held-out test prompts" in R.section_headline(data)
     data.summary["eval"]["prompt_split"] = "val"
     text = R.section_headline(data)
     assert "same 30 validation prompts (the data has no test split) with the same decoding" in text
     assert "held-out" not in text
+    assert "| win rate vs SFT, validation prompts (reward judge) |" in text
+
+
+# ----------------------------------------------------------------------------- labels, ties, KL, samples, html page
+
+
+def test_every_win_rate_vs_sft_names_its_prompts(reported):
+    """The Training table's gold win rate is on validation prompts, the Headline's on test prompts: never unlabelled."""
+    root, _ = reported
+    text = (root / "report.md").read_text()
+    assert "val gold win rate vs SFT 0.600" in text and "val gold win rate vs SFT 0.550" in text  # PPO, DPO
+    assert "| win rate vs SFT, test prompts (gold judge) | wins / losses / ties | tie share |" in text
+    labelled = re.compile(r"val gold win rate vs SFT|win rate vs SFT, test prompts|win rate vs SFT under the")
+    for line in text.splitlines():
+        if "win rate vs SFT" in line and "beats SFT" not in line:
+            assert labelled.search(line), line
+
+
+def test_the_headline_counts_wins_losses_ties_and_says_how_many_are_ties():
+    summary = fixture_summary()
+    text = R.section_headline(R.RunData(summary=summary))
+    assert "| DPO | 0.456 | 2.345 | 0.433 | 0.380 | 12.0 | 0.550 [0.441, 0.655] | 40 / 32 / 8 | 0.100 |" in text
+    assert "Under the `gold` judge, 0%–10% of each method's comparisons with SFT are ties" in text
+    summary["eval"]["win_rates"]["gold"]["ppo_vs_sft"]["tie_rate"] = 0.1  # one value: no range
+    assert "Under the `gold` judge, 10% of each method's" in R.section_headline(R.RunData(summary=summary))
+
+
+def test_a_negative_kl_estimate_is_marked_and_explained_where_it_is_printed():
+    assert R.fmt_kl(-0.0912) == "-0.091†" and R.fmt_kl(-0.0912, 0.5) == "-0.091† ± 0.500"
+    assert R.fmt_kl(0.25, 0.5) == "0.250 ± 0.500" and R.fmt_kl(None) == "n/a"
+    assert R.negative_kl_note([0.1, None, 0.0]) == ""
+    summary = fixture_summary()
+    summary["eval"]["models"]["dpo"]["kl_to_ref"] = -0.09
+    summary["ppo"]["kl_to_ref"] = -0.02
+    data = R.RunData(summary=summary)
+    for section, cell in (
+        (R.section_headline, "| DPO | 0.456 | -0.090† |"),
+        (R.section_eval_models, "| DPO | 80 | 0.456 ± 0.800 | -0.090† ± 0.900 |"),
+        (R.section_training, "val KL to ref -0.020†"),
+    ):
+        text = section(data)
+        assert cell in text, section.__name__
+        assert "† A KL estimate below 0 is sampling noise" in text and "not distinguishable from 0" in text
+    assert "† A KL estimate below 0" not in R.section_headline(R.RunData(summary=fixture_summary()))
+
+
+def answers(**scores) -> dict[str, dict]:
+    return {model: {"response": f"{model} {score}", "gold_score": score} for model, score in scores.items()}
+
+
+def test_disagreements_are_picked_by_spread_then_distinct_answers_then_order_one_family_first():
+    samples = [
+        PromptSamples("same", "fact", answers(sft=1.0, ppo=1.0)),  # everyone agrees: never picked
+        PromptSamples("small", "fact", answers(sft=0.5, ppo=0.25)),  # spread 0.25
+        PromptSamples("wide", "fact", answers(sft=-1.0, ppo=1.0)),  # spread 2
+        PromptSamples(
+            "wide, same text",
+            "fact",
+            {"sft": {"response": "x", "gold_score": -1.0}, "ppo": {"response": "x", "gold_score": 1.0}},
+        ),
+        PromptSamples("harmful", "harmful", answers(sft=0.0, ppo=0.5)),  # spread 0.5, another family
+    ]
+    picked = [s.prompt for s in pick_disagreements(samples, "gold_score", 5)]
+    # the best of each family first (fact: "wide"; harmful), then the rest by spread, distinct answers, order
+    assert picked == ["wide", "harmful", "wide, same text", "small"]
+    assert [s.prompt for s in pick_disagreements(samples, "gold_score", 1)] == ["wide"]
+    assert score_key(samples) == "gold_score"
+    no_gold = side_by_side({"sft": [{"prompt": "p", "reward": 0.1}], "ppo": [{"prompt": "p", "reward": 0.3}]})
+    assert score_key(no_gold) == "reward" and [s.prompt for s in pick_disagreements(no_gold, "reward", 3)] == ["p"]
+
+
+def test_without_gold_the_samples_are_the_reward_models_disagreements():
+    text = R.section_samples(hh_run_data({}))
+    assert "differ in reward-model score on 10 of the 10 evaluation prompts that every model answered" in text
+    assert "The scores are the reward model's, the proxy: this data has no judge of true quality." in text
+    assert "### Sample 1: reward-model scores from " in text and "gold" not in text.lower()
+    same = R.RunData(
+        summary={}, responses={m: [{"prompt": "p", "response": "r", "reward": 0.5}] for m in ("sft", "ppo")}
+    )
+    assert "all models' answers have the same reward-model score" in R.section_samples(same)
+
+
+def test_single_point_metrics_are_not_drawn_as_curves(tmp_path, monkeypatch):
+    from rlhf import plots
+
+    history = [{"step": s, "sft/train/loss": 1.0 / s} for s in (1, 2, 3)] + [{"step": 3, "sft/val/loss": 0.4}]
+    assert plots.curve_keys(history, ["sft/train/loss", "sft/val/loss", "sft/absent"]) == ["sft/train/loss"]
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
+    assert plots.plot_stage_curves({"sft": history}, plots.REPORT_CURVE_KEYS, tmp_path / "c.png")
+    assert [ax.get_title() for ax in drawn[0].axes] == ["sft/train/loss"]
+    assert not plots.plot_stage_curves({"sft": history[-1:]}, plots.REPORT_CURVE_KEYS, tmp_path / "c.png")
+
+
+def test_markdown_to_html_escapes_run_text_and_keeps_the_reports_markup():
+    text = "\n".join(
+        [
+            "## Judge: `gold`",
+            "",
+            "A *note* with **bold**, [Headline](#headline) and <script>alert(1)</script>.",
+            "",
+            R.markdown_table(["model", "response"], [["PPO", "a | b\nc <i>"]], "ll"),
+            "",
+            R.code_block("Human: <b>hi</b>"),
+            "",
+            "- [SFT](sft/curves.png)",
+            "",
+            "![Figure](report/x.png)",
+        ]
+    )
+    page = markdown_to_html(
+        text, {"report/x.png": "data:image/png;base64,AAA", "sft/curves.png": "data:image/png;base64,BBB"}
+    )
+    assert '<h2 id="judge-gold">Judge: <code>gold</code></h2>' in page
+    assert "<em>note</em>" in page and "<strong>bold</strong>" in page and '<a href="#headline">Headline</a>' in page
+    assert "&lt;script&gt;" in page and "<script>" not in page
+    assert '<td style="text-align:left">a | b<br>c &lt;i&gt;</td>' in page  # an escaped pipe is text, not a border
+    assert "<pre><code>Human: &lt;b&gt;hi&lt;/b&gt;</code></pre>" in page
+    assert '<img src="data:image/png;base64,AAA" alt="Figure">' in page and 'src="data:image/png;base64,BBB"' in page
+
+
+class PageParser(HTMLParser):
+    """Headings (text), images, sample rows and anything that would load from outside the page."""
+
+    def __init__(self):
+        super().__init__()
+        self.headings, self.images, self.rows, self.samples, self.external = [], [], [], [], []
+        self._heading = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if re.fullmatch(r"h[1-6]", tag):
+            self._heading = ""
+        if tag == "img":
+            self.images.append(attrs["src"])
+        if tag == "tr" and "data-model" in attrs:
+            self.rows.append(attrs)
+        if tag == "div" and attrs.get("class") == "sample":
+            self.samples.append(attrs)
+        if tag in ("link", "iframe") or (tag == "script" and "src" in attrs):
+            self.external.append(tag)
+        self.external += [
+            value for key, value in attrs.items() if key in ("src", "href") and re.match(r"\w*:?//", value or "")
+        ]
+
+    def handle_endtag(self, tag):
+        if re.fullmatch(r"h[1-6]", tag) and self._heading is not None:
+            self.headings.append(self._heading.strip())
+            self._heading = None
+
+    def handle_data(self, data):
+        if self._heading is not None:
+            self._heading += data
+
+
+def parse_page(path: Path) -> PageParser:
+    parser = PageParser()
+    parser.feed(path.read_text())
+    parser.close()
+    return parser
+
+
+def test_report_html_is_one_self_contained_page_with_the_reports_sections_and_samples(reported):
+    root, _ = reported
+    markdown = (root / "report.md").read_text()
+    page = parse_page(root / "report.html")
+    md_headings = [
+        re.sub(r"[`*]", "", line.lstrip("#").strip()) for line in markdown.splitlines() if re.match(r"#+ ", line)
+    ]
+    assert md_headings and all(h in page.headings for h in md_headings), set(md_headings) - set(page.headings)
+    figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown)
+    assert len(page.images) == len(figures) >= 5
+    assert all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert page.external == []
+    # the sample browser: every prompt, every model's row with its score; the two disagreements flagged
+    assert len(page.samples) == len(PROMPTS) and sum(s["data-disagrees"] == "1" for s in page.samples) == 2
+    assert len(page.rows) == 4 * len(PROMPTS)
+    assert {"data-model": "dpo", "data-score": "-1.000"} in page.rows
+    assert "Sample browser" in page.headings
+
+
+def test_report_html_without_gold_browses_reward_model_scores(tmp_path):
+    root = tmp_path / "hh"
+    summary = hh_summary({"reward": {"judge": "reward"}, "openai": {"status": "skipped: OPENAI_API_KEY is not set"}})
+    write_fixture_run(root, summary, files=False)
+    for model, n, reward in (("sft", 30, 0.1), ("ppo", 30, 0.5)):
+        write_jsonl(root / "eval" / "responses" / f"{model}.jsonl", hh_rows(model, n, reward))
+    result = make_report(root)
+    assert result.returncode == 0, result.stderr
+    page = parse_page(root / "report.html")
+    assert len(page.samples) == 30 and all(s["data-family"] == "" for s in page.samples)
+    assert {"data-model": "ppo", "data-score": "0.500"} in page.rows
+    text = (root / "report.html").read_text()
+    assert "disagree on reward-model score" in text and '<select id="sb-family"' not in text
+    assert "gold" not in text.replace(str(root), "").lower()
+
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no chromium or chromium-browser on PATH to screenshot report.html")
+def test_report_html_renders_in_a_headless_browser(reported, tmp_path):
+    from PIL import Image
+
+    root, _ = reported
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [
+            BROWSER,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=1200,3000",
+            (root / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1200, 3000)
+    colours = image.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50  # text, tables, links and figures, not a blank page

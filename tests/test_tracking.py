@@ -44,3 +44,31 @@ def test_keys_must_follow_the_scheme(tmp_path):
     with pytest.raises(ValueError, match=r"does not follow .sft/group/name."):
         logger.log(1, {"loss": 1.0})
     logger.close()
+
+
+def tensorboard_scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_tensorboard_runs_are_stages_and_tags_are_shared_while_jsonl_keeps_full_keys(tmp_path):
+    """PPO's and GRPO's KL on one TensorBoard chart: the stage is the run (a folder), the tag is the rest."""
+    for stage, kl in (("ppo", 0.25), ("grpo", 0.5)):
+        logger = MetricLogger(stage, tmp_path / stage, tmp_path / "tensorboard" / stage, Config())
+        logger.resume(0)
+        logger.log(1, {f"{stage}/objective/kl": kl, f"{stage}/policy/clipfrac": 0.125})
+        logger.close()
+        assert json.loads((tmp_path / stage / "metrics.jsonl").read_text()).keys() == {
+            "step",
+            "time_s",
+            f"{stage}/objective/kl",
+            f"{stage}/policy/clipfrac",
+        }
+    assert tensorboard_scalars(tmp_path / "tensorboard" / "ppo") == {
+        "objective/kl": [(1, 0.25)],
+        "policy/clipfrac": [(1, 0.125)],
+    }
+    assert tensorboard_scalars(tmp_path / "tensorboard" / "grpo")["objective/kl"] == [(1, 0.5)]

@@ -9,8 +9,9 @@ Missing pieces degrade to a one-line note: a run without GRPO, without the OpenA
 HH data (no gold judge) simply has fewer rows and sections.
 
 Modules: `contract` (RunData and the fixed names), `format` (numbers and markdown),
-`training_sections`, `eval_sections` and `seeds_section` (one function per report section); this module orders the
-sections and renders them, and re-exports what callers use.
+`training_sections`, `eval_sections` and `seeds_section` (one function per report section), `samples` (every
+model's answer per prompt, and where they disagree), `html` (the same sections as one self-contained page with a
+sample browser); this module orders the sections and renders them, and re-exports what callers use.
 """
 
 from __future__ import annotations
@@ -34,17 +35,21 @@ from rlhf.report.format import (
     eval_models,
     fmt,
     fmt_ci,
+    fmt_kl,
     fmt_params,
     fmt_pm,
     fmt_seconds,
+    get_path,
     is_number,
     markdown_table,
     model_label,
+    negative_kl_note,
     note,
     order_models,
     parse_pairing,
     win_rate_matrix,
 )
+from rlhf.report.html import render_html
 from rlhf.report.seeds_section import section_seeds
 from rlhf.report.training_sections import (
     section_collect,
@@ -65,16 +70,22 @@ __all__ = [
     "eval_models",
     "fmt",
     "fmt_ci",
+    "fmt_kl",
     "fmt_params",
     "fmt_pm",
     "fmt_seconds",
+    "get_path",
     "is_number",
+    "join_sections",
     "markdown_table",
     "model_label",
+    "negative_kl_note",
     "note",
     "order_models",
     "parse_pairing",
+    "render_html",
     "render_report",
+    "render_sections",
     "section_collect",
     "section_training",
     "win_rate_matrix",
@@ -101,8 +112,8 @@ SECTIONS = (
 )
 
 
-def render_report(data: RunData, problems: list[str] | None = None) -> str:
-    """The whole report as markdown.
+def render_sections(data: RunData, problems: list[str] | None = None) -> list[tuple[str, str]]:
+    """Each section that has something to say, as (name, markdown), in report order.
 
     A section that raises (an input shaped unlike the contract) becomes a visible one-line
     note instead of costing the reader the rest of the report; one line per such failure is
@@ -111,15 +122,28 @@ def render_report(data: RunData, problems: list[str] | None = None) -> str:
     parts = []
     problems = problems if problems is not None else []
     for section in SECTIONS:
+        name = section.__name__.removeprefix("section_")
         try:
-            parts.append(section(data))
+            parts.append((name, section(data)))
         except Exception as exc:
-            name = section.__name__.removeprefix("section_")
             problems.append(f"section '{name}' failed to render: {type(exc).__name__}: {exc}")
             parts.append(
-                note(
-                    f"The `{name}` section failed to render ({type(exc).__name__}: {escape_cell(exc, 200)}); "
-                    "its input in the run folder does not match the expected contract."
+                (
+                    name,
+                    note(
+                        f"The `{name}` section failed to render ({type(exc).__name__}: {escape_cell(exc, 200)}); "
+                        "its input in the run folder does not match the expected contract."
+                    ),
                 )
             )
-    return "\n\n".join(p.rstrip() for p in parts if p.strip()) + "\n"
+    return [(name, text.rstrip()) for name, text in parts if text.strip()]
+
+
+def join_sections(sections: list[tuple[str, str]]) -> str:
+    """The report's markdown from `render_sections`."""
+    return "\n\n".join(text for _, text in sections) + "\n"
+
+
+def render_report(data: RunData, problems: list[str] | None = None) -> str:
+    """The whole report as markdown (`render_sections`, joined)."""
+    return join_sections(render_sections(data, problems))

@@ -106,7 +106,9 @@ FIGURES = (  # key, title, what to look for
     (
         "training_curves",
         "Training curves of every stage",
-        "A fixed set of metrics per stage, against optimizer step (PPO/GRPO: iteration); absent metrics are skipped.",
+        "A fixed set of metrics per stage, against optimizer step (PPO/GRPO: iteration); absent metrics are skipped, "
+        "and so are those logged once (final validation numbers such as `sft/val/loss`): their values are in the "
+        "[Training](#training) table.",
     ),
     (
         "response_lengths",
@@ -143,3 +145,4 @@ class RunData:
     figures: dict[str, str] = field(
         default_factory=dict
     )  # figure key (FIGURES, or curves_<stage>) -> path relative to report.md
+    prompt_families: dict[str, str] = field(default_factory=dict)  # eval prompt -> embedded task family

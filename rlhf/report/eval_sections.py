@@ -16,11 +16,14 @@ from rlhf.report.contract import (
     RunData,
 )
 from rlhf.report.format import (
+    and_list,
     code_block,
     escape_cell,
     eval_models,
+    eval_split,
     fmt,
     fmt_ci,
+    fmt_kl,
     fmt_p,
     fmt_pm,
     fmt_seconds,
@@ -28,12 +31,14 @@ from rlhf.report.format import (
     is_number,
     markdown_table,
     model_label,
+    negative_kl_note,
     note,
     order_models,
     ordered_pairings,
     parse_pairing,
     peak_memory,
 )
+from rlhf.report.samples import pick_disagreements, score_key, score_range, score_spread, side_by_side
 
 
 def section_eval_models(data: RunData) -> str:
@@ -68,7 +73,7 @@ def section_eval_models(data: RunData) -> str:
             model_label(name),
             fmt(m.get("n")),
             fmt_pm(m.get("reward_mean"), m.get("reward_std")),
-            fmt_pm(m.get("kl_to_ref"), m.get("kl_to_ref_std")),
+            fmt_kl(m.get("kl_to_ref"), m.get("kl_to_ref_std")),
             fmt(m.get("length_mean"), 1),
             fmt(m.get("eos_rate")),
             fmt(m.get("distinct_2")),
@@ -85,6 +90,8 @@ def section_eval_models(data: RunData) -> str:
         "",
         markdown_table(headers, rows),
     ]
+    kl_note = negative_kl_note(models[name].get("kl_to_ref") for name in names)
+    lines += ["", kl_note] if kl_note else []
     for stage in ("sft",) + POLICY_STAGES:
         if stage not in models:
             lines += ["", note(f"{model_label(stage)}: not evaluated in this run (no `eval.models.{stage}`).")]
@@ -133,7 +140,8 @@ def section_win_rates(data: RunData) -> str:
     lines = [
         "### Win rates",
         "",
-        "Pairwise comparisons on the same prompts. Win rate counts ties as half a win; the 95% interval is Tango's "
+        f"Pairwise comparisons on the same {eval_split(data.summary)} prompts as the [Headline](#headline)'s. "
+        "Win rate counts ties as half a win; the 95% interval is Tango's "
         "score interval for paired outcomes (it uses the per-prompt variance of win, tie and loss, so ties narrow it); "
         "*sign test p* is the exact two-sided sign test of wins against losses, ties dropped, and for a comparison "
         "with SFT, *Holm* is that p adjusted over this judge's comparisons with SFT; *LC* is the length-controlled "
@@ -319,48 +327,71 @@ def section_figures(data: RunData) -> str:
     return "\n".join(lines).rstrip()
 
 
-def section_samples(data: RunData, k: int = 3, limit: int = 280) -> str:
+def section_samples(data: RunData, k: int = 5, limit: int = 280) -> str:
+    """Side-by-side answers to the prompts where the models disagree most: every model answered them and their
+    scores (gold, else the reward model's) differ most between the best and the worst answer."""
     lines = ["## Samples", ""]
-    names = order_models(name for name, rows in data.responses.items() if rows)
-    if not names:
+    samples = side_by_side(data.responses, data.prompt_families)
+    if not samples:
         return "\n".join(lines + [note("No response files (`eval/responses/*.jsonl`), so no samples.")])
-    by_model = {name: {} for name in names}
-    for name in names:
-        for row in data.responses[name]:
-            by_model[name].setdefault(row.get("prompt"), row)
-    every = list(dict.fromkeys(row.get("prompt") for name in names for row in data.responses[name]))
-    common = [prompt for prompt in every if all(prompt in by_model[m] for m in names)]
+    names = order_models(name for name, rows in data.responses.items() if rows)
+    common = [s for s in samples if len(s.answers) == len(names)]
     if not common:
         return "\n".join(lines + [note("The models' response files share no prompt, so no side-by-side samples.")])
-    picks = [common[i * len(common) // k] for i in range(min(k, len(common)))]
-    has_gold = any(is_number(by_model[m][p].get("gold_score")) for m in names for p in picks)
-    fewer = [model_label(m) for m in names if len(by_model[m]) < len(every)]  # e.g. best-of-N's subset
-    over = f", over the {fmt(len(common))} that {' and '.join(fewer)} also answered" if len(common) < len(every) else ""
-    lines.append(
-        f"{len(picks)} of the {fmt(len(every))} evaluation prompts (evenly spaced, not cherry-picked{over}), with "
-        f"every model's response (first {limit} characters)."
+    key = score_key(common)
+    scored = "gold score" if key == "gold_score" else "reward-model score"
+    picks = pick_disagreements(common, key, k)
+    n_disagree = sum(score_spread(s, key) > 0 for s in common)
+    fewer = [model_label(m) for m in names if sum(m in s.answers for s in samples) < len(samples)]  # best-of-N
+    over = (
+        f" that every model answered ({and_list(fewer)} answered only these of the {fmt(len(samples))})"
+        if fewer
+        else ""
     )
-    for i, prompt in enumerate(picks, 1):
-        rows = []
-        for name in names:
-            row = by_model[name][prompt]
-            cells = [
+    if not picks:
+        return "\n".join(
+            lines
+            + [
+                note(
+                    f"On each of the {fmt(len(common))} evaluation prompts{over}, all models' answers have the "
+                    f"same {scored}."
+                )
+            ]
+        )
+    lines.append(
+        f"The models' answers differ in {scored} on {fmt(n_disagree)} of the {fmt(len(common))} evaluation prompts"
+        f"{over}; shown: the {len(picks)} with the largest spread between the best and the worst answer (then the "
+        f"most distinct answers, then evaluation order; one per prompt family first), with every model's response "
+        f"(first {limit} characters). Every prompt, with filters, is in the sample browser of `report.html`."
+        + (
+            ""
+            if key == "gold_score"
+            else " The scores are the reward model's, the proxy: this data has no judge of true quality."
+        )
+    )
+    for i, sample in enumerate(picks, 1):
+        rows = [
+            [
                 model_label(name),
                 escape_cell(row.get("response"), limit),
                 fmt(row.get("reward")),
                 fmt(row.get("length")),
             ]
-            rows.append(cells + ([fmt(row.get("gold_score"))] if has_gold else []))
+            + ([fmt(row.get("gold_score"))] if key == "gold_score" else [])
+            for name, row in sample.answers.items()
+        ]
+        family = f"`{sample.family}`, " if sample.family else ""
+        low, high = score_range(sample, key)
         lines += [
             "",
-            f"### Sample {i}",
+            f"### Sample {i}: {family}{scored}s from {fmt(low)} to {fmt(high)}",
             "",
-            code_block(prompt, 800),
+            code_block(sample.prompt, 800),
             "",
             markdown_table(
-                ["model", "response", "RM reward", "tokens"] + (["gold score"] if has_gold else []),
+                ["model", "response", "RM reward", "tokens"] + (["gold score"] if key == "gold_score" else []),
                 rows,
-                "llr" + "r" * (1 + has_gold),
+                "llr" + "r" * (1 + (key == "gold_score")),
             ),
         ]
     return "\n".join(lines)

@@ -35,6 +35,33 @@ def fmt_pm(mean, std, digits: int = 3) -> str:
     return f"{fmt(float(mean), digits)} ± {fmt(float(std), digits)}" if is_number(std) else fmt(float(mean), digits)
 
 
+NEGATIVE_KL_MARK = "†"
+
+
+def fmt_kl(mean, std=None, digits: int = 3) -> str:
+    """A KL estimate (`mean`, or `mean ± std`); a mean below 0 is marked † (explained by `negative_kl_note`)."""
+    mark = NEGATIVE_KL_MARK if is_number(mean) and mean < 0 else ""
+    text = fmt_pm(mean, std, digits)
+    return text.replace(" ± ", f"{mark} ± ", 1) if " ± " in text else text + mark
+
+
+def negative_kl_note(means) -> str:
+    """The note for a table with a KL estimate below 0 (marked by `fmt_kl`); "" when every mean is >= 0."""
+    if not any(is_number(m) and m < 0 for m in means):
+        return ""
+    return note(
+        f"{NEGATIVE_KL_MARK} A KL estimate below 0 is sampling noise: it is the mean over sampled responses of "
+        "Σ log π − log π_ref, which is unbiased but noisy per response, so its mean can fall below 0 although the "
+        "true KL never does. Read it as not distinguishable from 0: the policy is as close to SFT as these samples "
+        "can tell."
+    )
+
+
+def eval_split(summary: dict) -> str:
+    """Which prompts the evaluation answered: "test", or "validation" when the data has no test split."""
+    return "validation" if get_path(summary, "eval.prompt_split") == "val" else "test"
+
+
 def fmt_ci(low, high, digits: int = 3) -> str:
     return f"[{fmt(float(low), digits)}, {fmt(float(high), digits)}]" if is_number(low) and is_number(high) else NA
 
@@ -156,6 +183,11 @@ def win_rate_matrix(pairings: dict) -> tuple[list[str], list[list]]:
                 row.append(None)
         cells.append(row)
     return names, cells
+
+
+def and_list(items: list[str]) -> str:
+    """The items as prose: "A", "A and B", "A, B and C"."""
+    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
 
 
 def note(text: str) -> str:

@@ -4,7 +4,17 @@ with intervals over seeds × prompts (`rlhf/seeds.py`). Absent until seeds.py ha
 from __future__ import annotations
 
 from rlhf.report.contract import JUDGES, NA, RunData
-from rlhf.report.format import escape_cell, fmt, fmt_ci, is_number, markdown_table, model_label, note, parse_pairing
+from rlhf.report.format import (
+    escape_cell,
+    eval_split,
+    fmt,
+    fmt_ci,
+    is_number,
+    markdown_table,
+    model_label,
+    note,
+    parse_pairing,
+)
 from rlhf.seeds import FEW_SEEDS
 
 HEADLINE_PAIR = "online_dpo_vs_dpo"  # the comparison the spread was built for, said in words when present
@@ -76,7 +86,14 @@ def section_seeds(data: RunData) -> str:
             ),
             "",
         ]
-    headers = ["model", "win rate vs SFT [95% CI]", "sd", "per seed", "gold score [95% CI]", "good-rate [95% CI]"]
+    headers = [
+        "model",
+        f"win rate vs SFT over seeds, {eval_split(data.summary)} prompts [95% CI]",
+        "sd",
+        "per seed",
+        "gold score [95% CI]",
+        "good-rate [95% CI]",
+    ]
     lines.append(markdown_table(headers, rows))
     if not gold_scores:
         lines += ["", note("No gold scores on this data: the gold score and good-rate columns are n/a.")]

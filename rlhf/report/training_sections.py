@@ -13,11 +13,14 @@ from rlhf.report.contract import (
     RunData,
 )
 from rlhf.report.format import (
+    and_list,
     code_block,
     escape_cell,
     eval_models,
+    eval_split,
     fmt,
     fmt_ci,
+    fmt_kl,
     fmt_p,
     fmt_params,
     fmt_pm,
@@ -26,6 +29,7 @@ from rlhf.report.format import (
     is_number,
     markdown_table,
     model_label,
+    negative_kl_note,
     note,
     order_models,
     ordered_pairings,
@@ -113,39 +117,70 @@ def section_intro(data: RunData) -> str:
     return "\n".join(lines)
 
 
+def headline_judge(summary: dict) -> str | None:
+    """The judge whose comparisons with SFT the headline shows: gold, else openai, else reward; None if none ran."""
+    win_rates = get_path(summary, "eval.win_rates", {}) or {}
+    return next(
+        (j for j in ("gold", "openai", "reward") if any(k.endswith("_vs_sft") for k in win_rates.get(j) or {})), None
+    )
+
+
 def headline_rows(summary: dict) -> tuple[list[str], list[list]]:
-    """The compact per-model table (also for the README): reward, KL, gold, win rate vs SFT."""
+    """The compact per-model table (also for the README): reward, KL, gold, win rate vs SFT with its wins,
+    losses, ties and tie share."""
     models = eval_models(summary)
     names = order_models(models)
     has_gold = any(is_number(models[m].get("gold_score_mean")) for m in names)
-    win_rates = get_path(summary, "eval.win_rates", {}) or {}
-    judge = next(
-        (j for j in ("gold", "openai", "reward") if any(k.endswith("_vs_sft") for k in win_rates.get(j) or {})), None
-    )
+    judge = headline_judge(summary)
+    vs_sft = (get_path(summary, "eval.win_rates", {}) or {}).get(judge) or {}
     headers = (
         ["model", "RM reward", "KL to ref (nats)"]
         + (["gold score", "gold good-rate"] if has_gold else [])
         + (["length"])
-        + ([f"win rate vs SFT ({judge} judge)"] if judge else [])
+        + (
+            [f"win rate vs SFT, {eval_split(summary)} prompts ({judge} judge)", "wins / losses / ties", "tie share"]
+            if judge
+            else []
+        )
     )
     rows = []
     for name in names:
         m = models[name]
-        row = [model_label(name), fmt(m.get("reward_mean")), fmt(m.get("kl_to_ref"))]
+        row = [model_label(name), fmt(m.get("reward_mean")), fmt_kl(m.get("kl_to_ref"))]
         if has_gold:
             row += [fmt(m.get("gold_score_mean")), fmt(m.get("gold_good_rate"))]
         row.append(fmt(m.get("length_mean"), 1))
         if judge:
-            entry = win_rates[judge].get(f"{name}_vs_sft")
-            row.append(
-                "(reference)"
-                if name == "sft"
-                else NA
-                if not entry
-                else f"{fmt(entry.get('win_rate'))} {fmt_ci(entry.get('ci95_low'), entry.get('ci95_high'))}"
-            )
+            entry = vs_sft.get(f"{name}_vs_sft")
+            if name == "sft" or not isinstance(entry, dict):
+                row += ["(reference)" if name == "sft" else NA, "", ""]
+            else:
+                row += [
+                    f"{fmt(entry.get('win_rate'))} {fmt_ci(entry.get('ci95_low'), entry.get('ci95_high'))}",
+                    f"{fmt(entry.get('wins'))} / {fmt(entry.get('losses'))} / {fmt(entry.get('ties'))}",
+                    fmt(entry.get("tie_rate")),
+                ]
         rows.append(row)
     return headers, rows
+
+
+def tie_statement(summary: dict) -> str:
+    """How many of the headline's comparisons with SFT are ties, as a range over the methods; "" without tie rates."""
+    judge = headline_judge(summary)
+    pairings = (get_path(summary, "eval.win_rates", {}) or {}).get(judge) or {}
+    rates = [
+        entry["tie_rate"]
+        for key, entry in pairings.items()
+        if key.endswith("_vs_sft") and isinstance(entry, dict) and is_number(entry.get("tie_rate"))
+    ]
+    if not rates:
+        return ""
+    low, high = f"{min(rates):.0%}", f"{max(rates):.0%}"
+    share = low if low == high else f"{low}–{high}"
+    return (
+        f"Under the `{judge}` judge, {share} of each method's comparisons with SFT are ties (answers equally good, "
+        "often the very same answer); a tie counts as half a win, so the win rate moves only with the wins and losses."
+    )
 
 
 INDEPENDENT_JUDGES = ("gold", "openai")  # judges no stage trained on (online DPO may train on openai's labels)
@@ -161,11 +196,6 @@ def optimised_reward_model(summary: dict, stage: str) -> bool:
     results = summary.get(stage) if isinstance(summary.get(stage), dict) else {}
     terms = [term.strip().split("*")[-1].strip() for term in str(results.get("reward_source", "model")).split("+")]
     return "model" in terms and results.get("judge", "reward") == "reward"
-
-
-def and_list(items: list[str]) -> str:
-    """The items as prose: "A", "A and B", "A, B and C"."""
-    return " and ".join([", ".join(items[:-1]), items[-1]] if len(items) > 1 else items)
 
 
 def judges_statement(data: RunData) -> str:
@@ -228,7 +258,7 @@ def section_headline(data: RunData) -> str:
     prompts = (
         "validation prompts (the data has no test split)"
         if get_path(data.summary, "eval.prompt_split") == "val"
-        else "held-out prompts"
+        else "held-out test prompts"
     )
     lines += [
         f"Every model answered the same {fmt(n) + ' ' if is_number(n) else ''}{prompts} with the same "
@@ -238,6 +268,11 @@ def section_headline(data: RunData) -> str:
         "",
         markdown_table(headers, rows),
     ]
+    notes = [
+        tie_statement(data.summary),
+        negative_kl_note(m.get("kl_to_ref") for m in eval_models(data.summary).values()),
+    ]
+    lines += [line for text in notes if text for line in ("", text)]
     glance = at_a_glance(data.summary, data.responses)
     if glance:
         proxy_only = statement.startswith("**Judges: the reward model alone.**")
@@ -567,13 +602,22 @@ def _error_examples(analysis: dict, k: int) -> list[tuple[str, dict]]:
     return picked
 
 
-# What each stage's row of the training table shows: (summary key, label, decimals).
+# What each stage's row of the training table shows: (summary key, label, decimals). `val` marks a number the stage
+# measured itself on validation prompts (`<stage>.eval_prompts`, SFT's `sft.gold_eval_prompts`): not the Headline's.
+RL_RESULT_KEYS = (
+    ("eval_prompts", "val prompts", 0),
+    ("reward_mean", "val RM reward", 3),
+    ("sft_reward_mean", "val SFT RM reward", 3),
+    ("kl_to_ref", "val KL to ref", 3),
+    ("gold_score_mean", "val gold score", 3),
+    ("gold_win_rate_vs_sft", "val gold win rate vs SFT", 3),
+)
 STAGE_RESULT_KEYS = {
     "sft": (
         ("val_loss", "val loss", 3),
         ("val_perplexity", "val perplexity", 2),
-        ("gold_good_rate", "gold good-rate", 3),
-        ("gold_score_mean", "gold score", 3),
+        ("gold_good_rate", "val gold good-rate", 3),
+        ("gold_score_mean", "val gold score", 3),
     ),
     "reward": (
         ("val_accuracy", "val accuracy", 3),
@@ -582,12 +626,22 @@ STAGE_RESULT_KEYS = {
     ),
     "ppo": (
         ("episodes", "episodes", 0),
-        ("reward_mean", "RM reward", 3),
-        ("sft_reward_mean", "SFT RM reward", 3),
-        ("kl_to_ref", "KL to ref", 3),
-        ("gold_score_mean", "gold score", 3),
-        ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
+        *RL_RESULT_KEYS,
         ("final_kl_coef", "final β", 3),
+        ("time_per_sample_ms", "ms per sample", 1),
+    ),
+    "grpo": (
+        ("episodes", "episodes", 0),
+        ("group_size", "group size G", 0),
+        *RL_RESULT_KEYS,
+        ("train_zero_std_groups", "zero-std groups", 3),
+        ("time_per_sample_ms", "ms per sample", 1),
+    ),
+    "raft": (
+        ("episodes", "episodes", 0),
+        ("samples_per_prompt", "samples per prompt N", 0),
+        ("top_k", "kept per prompt", 0),
+        *RL_RESULT_KEYS,
         ("time_per_sample_ms", "ms per sample", 1),
     ),
     "dpo": (
@@ -596,50 +650,26 @@ STAGE_RESULT_KEYS = {
         ("train_loss", "final train loss", 3),
         ("val_accuracy", "val implicit-reward accuracy", 3),
         ("test_accuracy", "test implicit-reward accuracy", 3),
-        ("gold_score_mean", "gold score", 3),
-        ("win_rate_vs_sft", "gold win rate vs SFT", 3),
+        ("n_eval_prompts", "val prompts", 0),
+        ("gold_score_mean", "val gold score", 3),
+        ("win_rate_vs_sft", "val gold win rate vs SFT", 3),
+    ),
+    "online_dpo": (
+        ("episodes", "episodes", 0),
+        ("judge", "judge", 0),
+        ("reference", "reference", 0),
+        ("pairs_kept_rate", "pairs kept", 3),
+        *RL_RESULT_KEYS,
+        ("time_per_sample_ms", "ms per sample", 1),
     ),
 }
 
 
-STAGE_RESULT_KEYS["grpo"] = (
-    ("episodes", "episodes", 0),
-    ("group_size", "group size G", 0),
-    ("reward_mean", "RM reward", 3),
-    ("sft_reward_mean", "SFT RM reward", 3),
-    ("kl_to_ref", "KL to ref", 3),
-    ("gold_score_mean", "gold score", 3),
-    ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
-    ("train_zero_std_groups", "zero-std groups", 3),
-    ("time_per_sample_ms", "ms per sample", 1),
-)
-
-
-STAGE_RESULT_KEYS["raft"] = (
-    ("episodes", "episodes", 0),
-    ("samples_per_prompt", "samples per prompt N", 0),
-    ("top_k", "kept per prompt", 0),
-    ("reward_mean", "RM reward", 3),
-    ("sft_reward_mean", "SFT RM reward", 3),
-    ("kl_to_ref", "KL to ref", 3),
-    ("gold_score_mean", "gold score", 3),
-    ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
-    ("time_per_sample_ms", "ms per sample", 1),
-)
-
-
-STAGE_RESULT_KEYS["online_dpo"] = (
-    ("episodes", "episodes", 0),
-    ("judge", "judge", 0),
-    ("reference", "reference", 0),
-    ("pairs_kept_rate", "pairs kept", 3),
-    ("reward_mean", "RM reward", 3),
-    ("sft_reward_mean", "SFT RM reward", 3),
-    ("kl_to_ref", "KL to ref", 3),
-    ("gold_score_mean", "gold score", 3),
-    ("gold_win_rate_vs_sft", "gold win rate vs SFT", 3),
-    ("time_per_sample_ms", "ms per sample", 1),
-)
+def stage_result(key: str, value, digits: int) -> str:
+    """One value of a training-table row: strings as they are, KL estimates marked when below 0, else `fmt`."""
+    if isinstance(value, str):
+        return value
+    return fmt_kl(value, digits=digits) if key == "kl_to_ref" else fmt(value, digits)
 
 
 def section_training(data: RunData) -> str:
@@ -648,18 +678,22 @@ def section_training(data: RunData) -> str:
         "## Training",
         "",
         "One row per training stage, from summary.json: its length, its final metrics, its "
-        "wall-clock time and, where recorded, its peak memory (CUDA max allocated on GPU, process max RSS on CPU).",
+        "wall-clock time and, where recorded, its peak memory (CUDA max allocated on GPU, process max RSS on CPU). "
+        "*val* numbers are the stage's own measurements on validation prompts (a comparison with SFT there is with "
+        "SFT's samples of those prompts); the [Headline](#headline) and [Evaluation](#evaluation) judge every model "
+        f"again on the {eval_split(data.summary)} prompts, so their scores and win rates differ from these.",
         "",
     ]
-    rows, missing = [], []
+    rows, missing, kls = [], [], []
     for stage in TRAINED_STAGES:
         results = data.summary.get(SUMMARY_SECTION.get(stage, stage))
         if not isinstance(results, dict):
             missing.append(stage)
             continue
+        kls.append(results.get("kl_to_ref"))
         length_key = next((k for k in ("steps", "iterations", "rounds") if is_number(results.get(k))), None)
         shown = [
-            f"{label} {fmt(results[key], digits) if not isinstance(results[key], str) else results[key]}"
+            f"{label} {stage_result(key, results[key], digits)}"
             for key, label, digits in STAGE_RESULT_KEYS.get(stage, ())
             if results.get(key) is not None
         ]
@@ -685,4 +719,5 @@ def section_training(data: RunData) -> str:
                 f"(no `{SUMMARY_SECTION.get(stage, stage)}` section in summary.json)."
             ),
         ]
-    return "\n".join(lines)
+    kl_note = negative_kl_note(kls)
+    return "\n".join(lines + (["", kl_note] if kl_note else []))
