@@ -1,7 +1,7 @@
 """One logging path: every metric goes to JSONL, TensorBoard and the progress bar through `log()`.
 
 Keys follow `stage/group/name`, e.g. `sft/train/loss`, `reward/val/accuracy`,
-`ppo/policy/clipfrac`; the README's metric glossary lists them all. metrics.jsonl keeps the full key;
+`ppo/policy/clipfrac`; docs/metrics.md lists them all. metrics.jsonl keeps the full key;
 TensorBoard gets one run per stage (`<run>/tensorboard/<stage>/`) and the key without its stage
 (`objective/kl`), so the same quantity of two stages (PPO's and GRPO's KL) shares one chart, as in TRL.
 """

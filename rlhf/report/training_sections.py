@@ -126,7 +126,7 @@ def headline_judge(summary: dict) -> str | None:
 
 
 def headline_rows(summary: dict) -> tuple[list[str], list[list]]:
-    """The compact per-model table (also for the README): reward, KL, gold, win rate vs SFT with its wins,
+    """The compact per-model table: reward, KL, gold, win rate vs SFT with its wins,
     losses, ties and tie share."""
     models = eval_models(summary)
     names = order_models(models)
