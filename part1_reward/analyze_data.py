@@ -174,7 +174,7 @@ def startup_checks(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("data", argv, check=startup_checks)
+    started = start_stage("data", argv, check=startup_checks, one_process=True)
     if started is None:
         return
     cfg, run = started

@@ -58,7 +58,7 @@ from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import flat_reward_warning, gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
+from rlhf.rollout import SamplingConfig, generate_rollout, local_sampling_seeds, rollout_logprobs, score_rollout
 from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
@@ -192,9 +192,7 @@ def main(argv: list[str] | None = None) -> None:
                 [prompts.train_ids[i] for i in local_rows],
                 sampling,
                 gcfg.forward_batch_size,
-                row_seeds=sampling_seeds(
-                    seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
-                ),
+                row_seeds=local_sampling_seeds(seed, iteration, rank, plan.local_batch),
             )
         mask = rollout.response_mask  # (N, T)
         t1 = time.perf_counter()
@@ -230,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
             for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator):
                 units = mean_process_units(accelerator, mask[minibatch], gcfg.loss_normalization)
                 micro = micro_batches(
-                    minibatch.to(device), rollout.lengths, mask, gcfg.micro_batch_size, gcfg.loss_normalization, units
+                    minibatch.to(device), rollout.lengths, mask, plan.micro_batch_size, gcfg.loss_normalization, units
                 )
                 step_stats: dict[str, torch.Tensor] = {}
                 for k, (rows, t, weight) in enumerate(micro):

@@ -74,8 +74,8 @@ from rlhf.rollout import (
     SamplingConfig,
     forward_in_chunks,
     generate_rollout,
+    local_sampling_seeds,
     rollout_logprobs,
-    sampling_seeds,
     score_rollout,
 )
 from rlhf.run import stage_seed
@@ -210,9 +210,7 @@ def main(argv: list[str] | None = None) -> None:
                 [prompts.train_ids[i] for i in local_rows],
                 sampling,
                 pcfg.forward_batch_size,
-                row_seeds=sampling_seeds(
-                    seed, iteration, range(rank * plan.local_batch, (rank + 1) * plan.local_batch)
-                ),
+                row_seeds=local_sampling_seeds(seed, iteration, rank, plan.local_batch),
             )
         mask = rollout.response_mask  # (B, T)
         t1 = time.perf_counter()
@@ -253,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             for minibatch in minibatch_indices(plan.local_batch, pcfg.num_minibatches, generator):
                 units = mean_process_units(accelerator, mask[minibatch], "token")
                 micro = micro_batches(
-                    minibatch.to(device), rollout.lengths, mask, pcfg.micro_batch_size, "token", units
+                    minibatch.to(device), rollout.lengths, mask, plan.micro_batch_size, "token", units
                 )
                 step_stats: dict[str, torch.Tensor] = {}
                 for k, (rows, t, weight) in enumerate(micro):

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
@@ -46,7 +47,7 @@ from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, generate_rollout, score_rollout
+from rlhf.rollout import SamplingConfig, generate_rollout, local_sampling_seeds, score_rollout
 from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss, train_step
@@ -146,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. Rounds: sample N per prompt, keep the best, fine-tune on them.
     while round_index < rcfg.rounds:
-        # 4a. Samples from the current policy: each prompt repeated N times, prompt p's in rows p*N .. p*N + N-1.
+        # 4a. Samples from the current policy: each prompt repeated N times, prompt p's in rows p*N .. p*N + N-1,
+        #     whole prompts on one process; row i of the round's global batch samples from its own seed, so W
+        #     processes draw what one would.
         t0 = time.perf_counter()
         local_rows = local_prompt_rows(
             len(prompts.train_ids),
@@ -165,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                 [prompts.train_ids[i] for i in local_rows],
                 sampling,
                 rcfg.eval_batch_size,
+                row_seeds=local_sampling_seeds(seed, round_index, rank, len(local_rows)),
             )
         t1 = time.perf_counter()
 
@@ -177,36 +181,32 @@ def main(argv: list[str] | None = None) -> None:
         raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (P*N,), {term: (P*N,)}
         scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, rcfg.missing_eos_penalty)  # (P*N,)
 
-        # 4c. Ranking: each prompt's top_k samples (Dong et al. 2023, Algorithm 1, step 2).
+        # 4c. Ranking: each prompt's top_k samples (Dong et al. 2023, Algorithm 1, step 2). A prompt's N samples
+        #     are on one process, so ranking them there keeps what ranking the whole round would.
         kept = kept_rows(scores.view(-1, N), rcfg.top_k)  # (P*k,) rows of the batch
         kept_rollout, kept_scores = rollout.select(kept), scores[kept]  # P*k rows; (P*k,)
-        kept_prompt_ids = [prompts.train_ids[local_rows[row]] for row in kept.tolist()]
-        kept_response_ids = kept_rollout.response_ids()  # EOS included when the response has one
+        # (prompt ids, response ids with EOS when it has one) of every process's kept samples, in the round's
+        # prompt order: the global rows one process would fine-tune on.
+        kept_pairs = gather_object(
+            list(zip([prompts.train_ids[local_rows[row]] for row in kept.tolist()], kept_rollout.response_ids()))
+        )
         t2 = time.perf_counter()
 
-        # 4d. Fine-tuning on the kept pairs with the SFT loss, in length-grouped batches; the data order
-        #     is a function of (seed, round, epoch), so a resumed run trains on what an uninterrupted one would.
-        lengths = [len(p) + len(r) for p, r in zip(kept_prompt_ids, kept_response_ids)]
+        # 4d. Fine-tuning on the kept pairs with the SFT loss, in length-grouped batches, each process its slice of
+        #     a global batch (as `rlhf.training.fit`); the data order is a function of (seed, round, epoch), so a
+        #     resumed run trains on what an uninterrupted one would.
+        lengths = [len(p) + len(r) for p, r in kept_pairs]
         train_stats: dict[str, list[torch.Tensor]] = {}
         for step_in_round in range(finetune.total_steps):
             epoch, position = divmod(step_in_round, finetune.steps_per_epoch)
             order = epoch_order(
-                lengths,
-                seed,
-                round_index * plan.epochs_per_round + epoch,
-                finetune.per_process,
-                rcfg.group_by_length,
+                lengths, seed, round_index * plan.epochs_per_round + epoch, rcfg.batch_size, rcfg.group_by_length
             )
-            batch_rows = order[position * finetune.per_process : (position + 1) * finetune.per_process]
-            micro_rows = [
-                batch_rows[k * rcfg.micro_batch_size : (k + 1) * rcfg.micro_batch_size]
-                for k in range(finetune.accumulation)
-            ]
             micro_batches = [
                 collate_sequences(
-                    [kept_prompt_ids[i] for i in rows], [kept_response_ids[i] for i in rows], tokenizer.pad_token_id
+                    [kept_pairs[i][0] for i in rows], [kept_pairs[i][1] for i in rows], tokenizer.pad_token_id
                 )
-                for rows in micro_rows
+                for rows in finetune.micro_rows(order, position, rank)
             ]
             step_stats = train_step(
                 "raft",

@@ -60,7 +60,7 @@ from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, generate_rollout, sampling_seeds, score_rollout
+from rlhf.rollout import SamplingConfig, generate_rollout, local_sampling_seeds, score_rollout
 from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, train_step
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
                 [prompts.train_ids[i] for i in local_rows],
                 sampling,
                 ocfg.forward_batch_size,
-                row_seeds=sampling_seeds(seed, iteration, range(rank * local_batch, (rank + 1) * local_batch)),
+                row_seeds=local_sampling_seeds(seed, iteration, rank, local_batch),
             )
         t1 = time.perf_counter()
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from rlhf.config import Config, dump_yaml, load_config, preset_path
 from rlhf.errors import UserError
+from rlhf.launch import ERROR_FILE_ENV
 from rlhf.run import STAGE_SCRIPTS, RunDir, config_inputs, write_text_atomic
 from rlhf.signals import Interrupted, graceful_stops
 
@@ -78,13 +79,21 @@ def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config,
     return cfg, RunDir(cfg.run.output_dir, preset=name, args=run_arguments(args)), args.force
 
 
+def main_process() -> bool:
+    """Whether this is the process that writes files and prints (launchers set RANK; none: the only one)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def start_stage(
     stage: str,
     argv: list[str] | None = None,
     requires: tuple[str, ...] = (),
     check: Callable[[Config], None] | None = None,
+    one_process: bool = False,
 ) -> tuple[Config, RunDir] | None:
-    """Parse the command line; None (after saying so) when the stage already completed for this config.
+    """Parse the command line; None (after saying so) when the stage already completed for this config,
+    and at once on every process but the main one for a `one_process` stage (data, report: nothing to share
+    out), which a launcher may start several times.
 
     `check` (config-only rules) must pass, and then the input stages in `requires` (and those the
     config adds, `rlhf.run.config_inputs`, e.g. `collect` for reward.pairs=collected) must be complete
@@ -92,9 +101,12 @@ def start_stage(
     in one line and leaves the finished stage as it was. The stage folder then gets the resolved
     config.yaml (a later error names the keys a changed config differs in by it).
     """
+    if one_process and not main_process():
+        return None
     cfg, run, force = parse_stage_args(stage, argv)
     if run.is_complete(stage, cfg) and not force:
-        print(already_complete_line(stage, run))
+        if main_process():
+            print(already_complete_line(stage, run))
         return None
     if check is not None:
         check(cfg)
@@ -104,7 +116,7 @@ def start_stage(
     if force:
         shutil.rmtree(run.checkpoint_dir(stage), ignore_errors=True)
     run.stage(stage).mkdir(parents=True, exist_ok=True)
-    if int(os.environ.get("RANK", "0")) == 0:  # one process writes it (launchers set RANK)
+    if main_process():  # one process writes it
         write_text_atomic(run.stage(stage) / "config.yaml", dump_yaml(cfg))
     quiet_loading_bars()
     return cfg, run
@@ -112,13 +124,14 @@ def start_stage(
 
 def quiet_loading_bars() -> None:
     """Hide transformers' "Loading weights" bar, drawn for every model a stage loads (three to six per stage,
-    leaving cursor-up codes in log files); the Hub's download bars stay as they were."""
+    leaving cursor-up codes in log files); the Hub's download bars stay as they were on the main process, and
+    are hidden on the others (under a launcher, one process draws progress bars)."""
     import huggingface_hub.utils as hub
     from transformers.utils import logging
 
     downloads = not hub.are_progress_bars_disabled()
     logging.disable_progress_bar()
-    if downloads:
+    if downloads and main_process():
         hub.enable_progress_bars()
 
 
@@ -178,27 +191,37 @@ def say(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def fail(line: str) -> None:
+    """A stage's one-line error, exit 2: said by the main process only (under a launcher every process usually
+    fails alike), and written by each to the pipeline's RLHF_ERROR_FILE when it started the stage (`rlhf.launch`)."""
+    if path := os.environ.get(ERROR_FILE_ENV):
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+    if main_process():
+        say(line)
+    sys.exit(2)
+
+
 def run_stage(main: Callable[[list[str] | None], None]) -> None:
-    """Entry point wrapper: one-line errors, exit 2; SIGTERM and Ctrl-C save a checkpoint and exit 143
-    and 130 (`rlhf.signals`)."""
+    """Entry point wrapper: one-line errors, exit 2 (`fail`); SIGTERM and Ctrl-C save a checkpoint and exit
+    143 and 130 (`rlhf.signals`)."""
     start = time.perf_counter()
     try:
         with graceful_stops():
             main(sys.argv[1:])
     except UserError as exc:
-        say(f"error: {exc}")
-        sys.exit(2)
+        fail(f"error: {exc}")
     except Interrupted as stop:
         saved = f"checkpoint saved in {stop.checkpoint}; " if stop.checkpoint else ""
         # --force deletes the checkpoint and starts over: the command that resumes is the same one without it
         again = "the same command without --force (which starts over)" if forced(sys.argv[1:]) else "the same command"
-        say(
-            f"stopped by {stop} after {time.perf_counter() - start:.0f}s; {saved}"
-            f"re-run {again} to resume from the last checkpoint"
-        )
+        if main_process():
+            say(
+                f"stopped by {stop} after {time.perf_counter() - start:.0f}s; {saved}"
+                f"re-run {again} to resume from the last checkpoint"
+            )
         sys.exit(stop.exit_code)
     except Exception as exc:  # after Interrupted, an Exception too
         if not is_cuda_out_of_memory(exc):
             raise
-        say(f"error: {out_of_memory_advice(script_stage(main))}")
-        sys.exit(2)
+        fail(f"error: {out_of_memory_advice(script_stage(main))}")

@@ -69,9 +69,9 @@ def check_online_dpo_config(ocfg: OnlineDPOConfig) -> None:
         raise UserError(f"online_dpo.temperature={ocfg.temperature} must be > 0, or a prompt's samples are identical")
 
 
-def plan_online_dpo(ocfg: OnlineDPOConfig, world_size: int, n_prompts: int) -> OnlineDPOPlan:
+def plan_online_dpo(ocfg: OnlineDPOConfig, world_size: int, n_prompts: int | None) -> OnlineDPOPlan:
     """Derived sizes with one-line errors: batch_size responses = batch_size / K prompts per iteration,
-    split evenly over the processes."""
+    split evenly over the processes (`n_prompts` None: the checks that need no data, as `plan_rl`)."""
     K = ocfg.samples_per_prompt
     if ocfg.batch_size % K:
         raise UserError(
@@ -90,7 +90,7 @@ def plan_online_dpo(ocfg: OnlineDPOConfig, world_size: int, n_prompts: int) -> O
             f"online_dpo.total_episodes={ocfg.total_episodes} is less than one batch "
             f"(online_dpo.batch_size={ocfg.batch_size})"
         )
-    if n_prompts < prompts:
+    if n_prompts is not None and n_prompts < prompts:
         raise UserError(
             f"online_dpo: {n_prompts} training prompts are fewer than the {prompts} needed per iteration; "
             "lower online_dpo.batch_size"

@@ -6,7 +6,8 @@
 A stage that already completed for the same config is skipped (without starting its process), so
 re-running the pipeline after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
 stage under a launcher, e.g. `accelerate launch --config_file configs/accelerate/ddp.yaml` or
-`torchrun --nproc_per_node 8` (docs/scaling.md, "Many GPUs (accelerate)").
+`torchrun --nproc_per_node 8` (docs/scaling.md, "Many GPUs (accelerate)"; `rlhf.launch`): every chosen stage's
+batch arithmetic is checked for the number of processes it starts before any stage runs.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rlhf.cli import (
     say,
 )
 from rlhf.errors import UserError
+from rlhf.launch import check_batch_splits, launched_processes, launcher_command, run_launched
 from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed, write_json_atomic
 from rlhf.signals import Interrupted
 
@@ -82,10 +84,17 @@ def record_pipeline_total(run, seconds: float | None) -> None:
 
 
 def stage_command(stage: str, stage_args: list[str], launch: str) -> list[str]:
-    """The command that runs one stage: its script under `launch` (RLHF_LAUNCH, split as a shell
-    would, e.g. "accelerate launch --config_file configs/accelerate/ddp.yaml"), or under this
-    interpreter when `launch` is empty."""
-    return [*(shlex.split(launch) or [sys.executable]), str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args]
+    """The command that runs one stage: its script under `launch` (RLHF_LAUNCH, e.g. "accelerate launch
+    --config_file configs/accelerate/ddp.yaml", `rlhf.launch.launcher_command`), or under this interpreter
+    when `launch` is empty."""
+    return [*(launcher_command(launch) or [sys.executable]), str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args]
+
+
+def run_stage_process(stage: str, stage_args: list[str], launch: str) -> tuple[int, str | None]:
+    """Run one stage -> (exit code, its one-line error when a launcher's report of the failure would have
+    buried it, `rlhf.launch.run_launched`; None when the stage said it itself)."""
+    command = stage_command(stage, stage_args, launch)
+    return run_launched(command) if launch else (subprocess.run(command).returncode, None)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -115,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg, run, force = parse_stage_args("pipeline", stage_args)
     check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
     stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg))
+    launch = os.environ.get("RLHF_LAUNCH", "")
+    check_batch_splits(cfg, stages, launched_processes(launch) if launch else 1)
     # Every input the chosen stages need must be complete or among them: name all that are not, at once.
     if unbuilt := run.unfinished(stages, cfg, will_run=stages):
         selection = (
@@ -138,20 +149,23 @@ def main(argv: list[str] | None = None) -> None:
             continue
         started = time.perf_counter()
         try:
-            result = subprocess.run(stage_command(stage, stage_args, os.environ.get("RLHF_LAUNCH", "")))
+            returncode, error = run_stage_process(stage, stage_args, launch)
         except Interrupted as stop:  # Ctrl-C or SIGTERM: the stage keeps its last checkpoint
             say(
                 f"[pipeline] stopped by {stop} in stage '{stage}'; resume with: "
                 + resume_command(stage, stages, args.only, stage_args)
             )
             sys.exit(stop.exit_code)
-        if result.returncode != 0:
+        if returncode != 0:
+            returncode = 2 if error else returncode  # the stage's own exit code, which the launcher replaced
+            if error:
+                print(error, file=sys.stderr)
             print(
-                f"[pipeline] stage '{stage}' failed (exit {result.returncode}); fix it and resume with: "
+                f"[pipeline] stage '{stage}' failed (exit {returncode}); fix it and resume with: "
                 + resume_command(stage, stages, args.only, stage_args),
                 file=sys.stderr,
             )
-            sys.exit(result.returncode)
+            sys.exit(returncode)
         ran.append(stage)
         print(f"[pipeline] {stage} done in {time.perf_counter() - started:.1f}s")
     total = time.perf_counter() - pipeline_start

@@ -86,16 +86,17 @@ def check_raft_config(rcfg: RAFTConfig) -> None:
     check_rl_config("raft", rcfg)
 
 
-def plan_raft(rcfg: RAFTConfig, world_size: int, n_prompts: int) -> RAFTPlan:
-    """Derived sizes, with one-line errors naming the keys to change. Each process samples and ranks
-    its prompts_per_round / world_size prompts and fine-tunes on its own kept responses; an optimizer
-    step takes batch_size of them across processes (`rlhf.training.plan_steps` rules)."""
+def plan_raft(rcfg: RAFTConfig, world_size: int, n_prompts: int | None) -> RAFTPlan:
+    """Derived sizes, with one-line errors naming the keys to change (`n_prompts` None: the checks that
+    need no data, as `rlhf.rl.plan.plan_rl`). Each process samples and ranks its prompts_per_round /
+    world_size prompts; every process then fine-tunes on the kept responses of all, an optimizer step
+    taking batch_size of them, each process its slice (`rlhf.training.plan_steps` rules)."""
     if rcfg.prompts_per_round % world_size:
         raise UserError(
             f"raft.prompts_per_round={rcfg.prompts_per_round} is not divisible by {world_size} processes; "
             f"make it a multiple of {world_size}"
         )
-    if n_prompts < rcfg.prompts_per_round:
+    if n_prompts is not None and n_prompts < rcfg.prompts_per_round:
         raise UserError(
             f"raft: {n_prompts} training prompts are fewer than raft.prompts_per_round={rcfg.prompts_per_round}; "
             "lower raft.prompts_per_round"

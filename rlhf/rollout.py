@@ -138,6 +138,13 @@ def sampling_seeds(seed: int, stream: int, rows: range) -> list[int]:
     ]
 
 
+def local_sampling_seeds(seed: int, stream: int, rank: int, local_batch: int) -> list[int]:
+    """The seeds of process `rank`'s rows of a global batch that each process fills with `local_batch`
+    consecutive rows (process r: rows r * local_batch onwards), as the online stages' rollouts do: row i
+    of the global batch samples from its own seed, so W processes draw what one would."""
+    return sampling_seeds(seed, stream, range(rank * local_batch, (rank + 1) * local_batch))
+
+
 class RowSeededSampling(LogitsProcessor):
     """Sampling with one random stream per row, for greedy `generate`: the scores are tempered and
     truncated (top-k, top-p) as `generate` would, then get Gumbel noise from the row's own

@@ -103,19 +103,49 @@ def make_accelerator(cfg: Config, stage: str | None = None) -> Accelerator:
 class StepPlan:
     steps_per_epoch: int
     total_steps: int
-    accumulation: int  # micro-batches per process per optimizer step
+    batch_size: int  # examples per optimizer step, all processes
     per_process: int  # examples per process per optimizer step
+    micro_batch_size: int  # examples per forward/backward pass (`micro_batch_size`)
+    accumulation: int  # micro-batches per process per optimizer step
+
+    def micro_rows(self, order: list[int], position: int, rank: int) -> list[list[int]]:
+        """Process `rank`'s micro-batches of the global batch at `position` in an epoch's `order`: its
+        contiguous slice of that batch, cut into micro-batches, so W processes train on what one would."""
+        start = position * self.batch_size + rank * self.per_process
+        local = order[start : start + self.per_process]
+        return [local[k * self.micro_batch_size : (k + 1) * self.micro_batch_size] for k in range(self.accumulation)]
+
+
+def micro_batch_size(stage: str, configured: int, per_process: int, share: str) -> int:
+    """The micro-batch a process accumulates over: `{stage}.micro_batch_size`, or the process's whole share
+    of a batch when that is smaller, so that a batch splits over more processes than the configured
+    micro-batch allows (the tiny preset's sft.batch_size=32 = micro_batch_size on 4 processes: 8 each) and
+    one process runs as configured. `share` describes `per_process`, which must be a multiple of it."""
+    micro = min(configured, per_process)
+    if per_process % micro:
+        raise UserError(
+            f"{stage}: {share} is not divisible by {stage}.micro_batch_size={configured}; "
+            f"set {stage}.micro_batch_size to a divisor of {per_process}, or change the number of processes"
+        )
+    return micro
+
+
+def split_batch(stage: str, tcfg: TrainConfig, world_size: int) -> tuple[int, int]:
+    """(examples per process, micro-batch size) of a `{stage}.batch_size` batch on `world_size` processes:
+    config only, so the pipeline checks it for the launch before any stage runs (`rlhf.launch`)."""
+    if tcfg.batch_size % world_size:
+        raise UserError(
+            f"{stage}.batch_size={tcfg.batch_size} is not divisible by {world_size} processes; "
+            f"set {stage}.batch_size to a multiple of {world_size}, or change the number of processes"
+        )
+    per_process = tcfg.batch_size // world_size
+    share = f"a batch of {per_process} per process ({stage}.batch_size={tcfg.batch_size} / {world_size})"
+    return per_process, micro_batch_size(stage, tcfg.micro_batch_size, per_process, share)
 
 
 def plan_steps(stage: str, tcfg: TrainConfig, n_examples: int, world_size: int) -> StepPlan:
     """Derived sizes, checked once at start-up with errors that name the keys to change."""
-    if tcfg.batch_size % (tcfg.micro_batch_size * world_size):
-        raise UserError(
-            f"{stage}.batch_size={tcfg.batch_size} must be divisible by "
-            f"{stage}.micro_batch_size={tcfg.micro_batch_size} x {world_size} process(es); "
-            f"set {stage}.batch_size to a multiple of {tcfg.micro_batch_size * world_size}, "
-            f"or change {stage}.micro_batch_size or the number of processes"
-        )
+    per_process, micro = split_batch(stage, tcfg, world_size)
     steps_per_epoch = n_examples // tcfg.batch_size
     if steps_per_epoch == 0:
         raise UserError(
@@ -126,8 +156,7 @@ def plan_steps(stage: str, tcfg: TrainConfig, n_examples: int, world_size: int) 
         total = min(total, tcfg.max_steps)
     if total <= 0:
         raise UserError(f"{stage}: no optimizer steps to take; raise {stage}.epochs or {stage}.max_steps")
-    per_process = tcfg.batch_size // world_size
-    return StepPlan(steps_per_epoch, total, per_process // tcfg.micro_batch_size, per_process)
+    return StepPlan(steps_per_epoch, total, tcfg.batch_size, per_process, micro, per_process // micro)
 
 
 def epoch_order(lengths: list[int], seed: int, epoch: int, batch_size: int, group_by_length: bool) -> list[int]:
@@ -294,12 +323,7 @@ def fit(
     while step < plan.total_steps:
         epoch, position = divmod(step, plan.steps_per_epoch)
         order = epoch_order(lengths, stage_seed(cfg, stage), epoch, tcfg.batch_size, tcfg.group_by_length)
-        global_batch = order[position * tcfg.batch_size : (position + 1) * tcfg.batch_size]
-        local = global_batch[rank * plan.per_process : (rank + 1) * plan.per_process]
-        micro_batches = [
-            collate([examples[i] for i in local[k * tcfg.micro_batch_size : (k + 1) * tcfg.micro_batch_size]])
-            for k in range(plan.accumulation)
-        ]
+        micro_batches = [collate([examples[i] for i in rows]) for rows in plan.micro_rows(order, position, rank)]
         totals = train_step(
             stage, run, step, accelerator, model, optimizer, scheduler, micro_batches, loss_fn, tcfg.max_grad_norm
         )

@@ -137,14 +137,16 @@ FORWARD_OUTPUTS = {"rlhf.models.PolicyAndValue.forward": "0:", "rlhf.models.Mean
 
 
 def load_records(directory: Path) -> dict[str, list[dict]]:
-    """Stage name -> the records of its processes (one per process: two under a 2-process launcher)."""
+    """Stage name -> the records of its processes (one per process: two under a 2-process launcher); the
+    pipeline's launcher probe (rlhf/launch_probe.py) runs no stage."""
     from rlhf.run import STAGE_SCRIPTS
 
     stages = {Path(script).stem: stage for stage, script in STAGE_SCRIPTS.items()}
     records: dict[str, list[dict]] = collections.defaultdict(list)
     for path in sorted(directory.glob("*.json")):
         record = json.loads(path.read_text())
-        records[stages[Path(record["script"]).stem]].append(record)
+        if Path(record["script"]).stem in stages:
+            records[stages[Path(record["script"]).stem]].append(record)
     return dict(records)
 
 

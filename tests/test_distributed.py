@@ -1,4 +1,4 @@
-"""Multi-process correctness of the PPO, GRPO, DPO and eval stages: `torch.distributed.run` with 2 gloo
+"""Multi-process correctness of the PPO, GRPO, RAFT, DPO and eval stages: `torch.distributed.run` with 2 gloo
 processes on CPU against 1 process accumulating the same global batch in 2 micro-batches (as the
 SFT and reward tests in test_part1_e2e.py), through the real command line.
 
@@ -7,8 +7,9 @@ stages sample, and each process has its own seed; but row i of a global rollout 
 from its own seed (`rlhf.rollout.sampling_seeds`), not from the process's RNG, so both runs draw
 the same responses and every metric can be compared, not only a loss on fixed rollouts. What is
 then left to differ is what this file tests: statistics over the whole batch (advantage
-whitening, token counts for the loss, explained variance, correlations), gradient averaging, and
-the sharded-then-gathered held-out evaluation. Left padding and batch shapes differ between the
+whitening, token counts for the loss, explained variance, correlations), RAFT's fine-tuning batches
+(every process gathers the kept responses of all and takes its slice of each global batch), gradient
+averaging, and the sharded-then-gathered held-out evaluation. Left padding and batch shapes differ between the
 runs, so sums are added in another order: the tolerance, REL, is 1e-4 relative (the runs agree
 to about 1e-6; a missing all-reduce changes a metric by 1e-2 or more).
 
@@ -32,6 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TINY_TEST_OVERRIDES
+from safetensors.torch import load_file
 
 from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.config import load_config, preset_path
@@ -49,6 +51,7 @@ LAUNCHERS = {
 SCRIPTS = {
     "ppo": "part2_ppo_grpo/train_ppo.py",
     "grpo": "part2_ppo_grpo/train_grpo.py",
+    "raft": "part2_ppo_grpo/train_raft.py",
     "dpo": "part3_dpo/train_dpo.py",
     "eval": "part4_eval/evaluate.py",
 }
@@ -82,6 +85,20 @@ OVERRIDES = {
         "grpo.samples_every=1",
         "grpo.save_every=0",
         "grpo.cpu_threads=1",
+    ],
+    "raft": [  # 8 prompts x 4 samples, top 2: 16 kept responses per round, 2 optimizer steps of 8
+        "raft.rounds=2",
+        "raft.prompts_per_round=8",
+        "raft.top_k=2",
+        "raft.batch_size=8",
+        "raft.micro_batch_size=4",
+        "raft.eval_batch_size=8",
+        "raft.max_new_tokens=16",
+        "raft.eval_prompts=8",
+        "raft.eval_every=1",
+        "raft.samples_every=1",
+        "raft.save_every=0",
+        "raft.cpu_threads=1",
     ],
     "dpo": [
         "dpo.max_steps=4",
@@ -138,7 +155,7 @@ def metric_rows(out: Path, stage: str) -> list[dict]:
     return [comparable(json.loads(line)) for line in (out / stage / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("stage", ["ppo", "grpo", "dpo"])
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "raft", "dpo"])
 def test_two_processes_match_one_process(tiny_run, tmp_path, stage):
     for launcher in LAUNCHERS:
         run_stage(launcher, stage, tiny_run, tmp_path / launcher)
@@ -231,3 +248,86 @@ def test_eval_on_two_processes_matches_one_process(tiny_run, tmp_path, server, m
     assert summaries[0]["win_rates"]["gold"] and summaries[0]["win_rates"]["gold"] == summaries[1]["win_rates"]["gold"]
     same_tree(summaries)
     same_tree([json.loads((folder / "win_rates.json").read_text()) for folder in evals])
+
+
+# The whole tiny pipeline at small budgets, its batch sizes as the preset has them.
+PIPELINE_BUDGETS = [
+    "data.embedded.n_train_pairs=1200",
+    "data.embedded.n_test_pairs=200",
+    "sft.max_steps=4",
+    "sft.gold_eval_prompts=8",
+    "sft.num_samples=2",
+    "reward.max_steps=4",
+    "ppo.total_episodes=64",
+    "ppo.eval_prompts=8",
+    "grpo.total_episodes=64",
+    "grpo.eval_prompts=8",
+    "raft.rounds=1",
+    "raft.prompts_per_round=64",
+    "raft.eval_prompts=8",
+    "dpo.max_steps=2",
+    "dpo.max_train_pairs=64",
+    "dpo.eval_prompts=8",
+    "online_dpo.total_episodes=64",
+    "online_dpo.eval_prompts=8",
+    "eval.num_prompts=8",
+    "eval.best_of_n=2",
+    "eval.best_of_n_prompts=2",
+    "eval.judges=gold,reward",
+    "run.log_every=1",
+]
+# Where the tiny preset's micro-batch is its whole batch, 2 processes take half of it each
+# (`rlhf.training.micro_batch_size`): the 1-process run accumulates the same two halves.
+HALF_BATCH_MICRO_BATCHES = [
+    "sft.micro_batch_size=16",
+    "reward.micro_batch_size=8",
+    "raft.micro_batch_size=16",
+    "dpo.micro_batch_size=16",
+]
+DOCUMENTED_LAUNCH = "accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2"  # docs/scaling.md
+
+
+def test_the_documented_launch_runs_the_tiny_pipeline_as_one_process_does(tmp_path):
+    """The CPU command of docs/scaling.md, as written (accelerate not on PATH), from the data stage on: every
+    stage's results and weights as one process's, which accumulates what the 2 processes split."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
+    runs = {}
+    for name, launch, overrides in (("single", "", HALF_BATCH_MICRO_BATCHES), ("ddp", DOCUMENTED_LAUNCH, [])):
+        command = [sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", "--output-dir", str(tmp_path / name)]
+        runs[name] = subprocess.run(
+            [*command, *PIPELINE_BUDGETS, *overrides],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=600,
+            env={**os.environ, "OMP_NUM_THREADS": "1", "PATH": path, "RLHF_LAUNCH": launch},
+        )
+        assert runs[name].returncode == 0, runs[name].stderr[-3000:]
+
+    # One process prints, draws progress bars and writes files.
+    assert runs["ddp"].stdout.count("[report] wrote") == runs["ddp"].stdout.count("[data] pairs") == 1
+    assert "Loading weights" not in runs["ddp"].stderr
+    folders = [tmp_path / name for name in runs]
+    files = [
+        sorted(str(p.relative_to(f)) for p in f.rglob("*") if p.is_file() and "tensorboard" not in p.parts)
+        for f in folders
+    ]
+    assert files[0] == files[1]
+    events = [sorted(p.parent for p in (f / "tensorboard").rglob("events.*")) for f in folders]
+    assert events[0] == [tmp_path / "single" / p.relative_to(tmp_path / "ddp") for p in events[1]]
+
+    # The same results, samples and weights.
+    summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
+    for summary in summaries:  # SFT's gold check samples from run.seed on each process, not from a seed per row;
+        summary["sft"] = {k: v for k, v in summary["sft"].items() if not k.startswith("gold_")}
+        del summary["dpo"]["train_tokens"]  # and DPO counts rank 0's tokens x processes (rlhf/dpo.py): an estimate
+    same_tree([{k: v for k, v in s.items() if k != "timing_s"} for s in summaries])
+    for name in files[0]:
+        if name.startswith("eval/responses/"):
+            same_rows([f / name for f in folders])
+        if name.endswith("model.safetensors"):
+            weights = [load_file(f / name) for f in folders]
+            assert weights[0].keys() == weights[1].keys()
+            for key in weights[0]:
+                torch.testing.assert_close(weights[1][key], weights[0][key], rtol=REL, atol=1e-6, msg=name)

@@ -1,13 +1,20 @@
 """Launching stages on many processes: the shipped accelerate configs load, and RLHF_LAUNCH is split
 into the command that runs each stage (the multi-process runs themselves: test_distributed.py)."""
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from conftest import REPO
 
+from rlhf.errors import UserError
+from rlhf.launch import launcher_command
 from rlhf.pipeline import stage_command
+
+BIN = Path(sys.executable).parent
 
 CONFIGS = {
     "ddp.yaml": "MULTI_GPU",
@@ -41,7 +48,7 @@ def test_rlhf_launch_is_split_like_a_shell_and_defaults_to_this_interpreter():
     assert stage_command("ppo", args, "") == [sys.executable, script, *args]
     launch = "accelerate launch --config_file 'configs/accelerate/my ddp.yaml' --num_processes 8"
     assert stage_command("ppo", args, launch) == [
-        "accelerate",
+        str(BIN / "accelerate"),  # the launcher beside this interpreter, on PATH or not
         "launch",
         "--config_file",
         "configs/accelerate/my ddp.yaml",
@@ -50,4 +57,52 @@ def test_rlhf_launch_is_split_like_a_shell_and_defaults_to_this_interpreter():
         script,
         *args,
     ]
-    assert stage_command("ppo", args, "torchrun --nproc_per_node 2")[:3] == ["torchrun", "--nproc_per_node", "2"]
+    assert stage_command("ppo", args, "torchrun --nproc_per_node 2")[:3] == [
+        str(BIN / "torchrun"),
+        "--nproc_per_node",
+        "2",
+    ]
+    assert stage_command("ppo", args, "/bin/env python")[:2] == ["/bin/env", "python"]  # a path is used as it is
+
+
+def test_a_launcher_found_nowhere_is_one_line_naming_the_fix(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(UserError, match=r"^RLHF_LAUNCH starts with 'acelerate', which is neither in .* nor on PATH"):
+        launcher_command("acelerate launch --num_processes 2")
+
+
+def pipeline(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        timeout=300,
+    )
+
+
+def test_a_batch_that_does_not_split_over_the_launchs_processes_is_one_line_before_any_stage(tmp_path):
+    """The launcher says how many processes it starts (2 here); 32 per process does not split into micro-batches
+    of 12. Nothing runs: one line, exit 2, as without a launcher."""
+    launch = {"RLHF_LAUNCH": "accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2"}
+    result = pipeline(launch, "--output-dir", str(tmp_path / "run"), "dpo.batch_size=64", "dpo.micro_batch_size=12")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "error: dpo: a batch of 32 per process (dpo.batch_size=64 / 2) is not divisible by dpo.micro_batch_size=12; "
+        "set dpo.micro_batch_size to a divisor of 32, or change the number of processes"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_stage_failing_under_a_launcher_is_its_own_line_and_exit_2_not_the_launchers_traceback(tmp_path):
+    launch = {"RLHF_LAUNCH": "accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2"}
+    result = pipeline(launch, "--output-dir", str(tmp_path / "run"), "--only", "data", "data.path=nowhere.jsonl")
+    alone = pipeline(
+        {"RLHF_LAUNCH": ""}, "--output-dir", str(tmp_path / "alone"), "--only", "data", "data.path=nowhere.jsonl"
+    )
+    assert result.returncode == alone.returncode == 2
+    lines, alone_lines = result.stderr.splitlines(), alone.stderr.splitlines()
+    assert len(lines) == len(alone_lines) == 2 and lines[0] == alone_lines[0] and lines[0].startswith("error: ")
+    assert lines[1].startswith("[pipeline] stage 'data' failed (exit 2); fix it and resume with: bash run_all.sh")

@@ -83,7 +83,7 @@ def test_config_errors_are_one_line(changes, message):
         (
             {"batch_size": 64, "micro_batch_size": 24},
             1,
-            "raft.batch_size=64 must be divisible by raft.micro_batch_size",
+            "raft: a batch of 64 per process (raft.batch_size=64 / 1) is not divisible by raft.micro_batch_size=24",
         ),
         ({"epochs": 0.0}, 1, "raft: no optimizer steps to take; raise raft.epochs"),
     ],

@@ -21,6 +21,16 @@ def test_plan_steps_derives_accumulation_and_total():
     assert plan_steps("sft", TrainConfig(batch_size=32, micro_batch_size=8, max_steps=5), 1000, 1).total_steps == 5
 
 
+@pytest.mark.parametrize("world, micro", [(1, 32), (2, 16), (4, 8)])
+def test_a_micro_batch_larger_than_a_process_share_is_that_share_and_the_processes_split_the_global_batch(world, micro):
+    """The tiny preset's micro_batch_size = batch_size: one process runs as configured, more take their share."""
+    plan = plan_steps("sft", TrainConfig(batch_size=32, micro_batch_size=32), n_examples=100, world_size=world)
+    assert (plan.per_process, plan.micro_batch_size, plan.accumulation) == (micro, micro, 1)
+    order = epoch_order(list(range(100)), seed=0, epoch=0, batch_size=32, group_by_length=False)
+    split = [row for rank in range(world) for rows in plan.micro_rows(order, 2, rank) for row in rows]
+    assert split == order[64:96]
+
+
 @pytest.mark.parametrize(
     "tcfg, n, world, message",
     [
@@ -28,9 +38,9 @@ def test_plan_steps_derives_accumulation_and_total():
             TrainConfig(batch_size=30, micro_batch_size=8),
             100,
             1,
-            "sft.batch_size=30 must be divisible by sft.micro_batch_size=8 x 1",
+            "sft: a batch of 30 per process (sft.batch_size=30 / 1) is not divisible by sft.micro_batch_size=8",
         ),
-        (TrainConfig(batch_size=32, micro_batch_size=16), 100, 4, "x 4 process(es)"),
+        (TrainConfig(batch_size=30, micro_batch_size=5), 100, 4, "sft.batch_size=30 is not divisible by 4 processes"),
         (TrainConfig(batch_size=64, micro_batch_size=8), 10, 1, "fewer than one batch"),
     ],
 )

@@ -11,6 +11,7 @@ from rlhf.errors import UserError
 from rlhf.losses import GRPO_NORMALIZERS
 from rlhf.models import context_length, stage_model_errors
 from rlhf.rewards import load_reward_source
+from rlhf.training import micro_batch_size
 
 
 @dataclass(frozen=True)
@@ -20,12 +21,14 @@ class RLPlan:
     local_prompts: int  # distinct prompts per process per iteration
     local_batch: int  # rollouts per process per iteration (local_prompts x group_size)
     minibatch_size: int  # rollouts per process per optimizer step
+    micro_batch_size: int  # rollouts per forward/backward pass (`rlhf.training.micro_batch_size`)
     accumulation: int  # micro-batches per optimizer step
     optimizer_steps: int  # over the stage, for the scheduler: iterations x epochs x num_minibatches
 
 
-def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_size: int = 1) -> RLPlan:
-    """Derived sizes, checked at start-up with one-line errors naming the keys to change."""
+def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int | None, group_size: int = 1) -> RLPlan:
+    """Derived sizes, checked at start-up with one-line errors naming the keys to change; `n_prompts`
+    None (the pipeline's check, before the data stage has run) leaves out the check that needs the data."""
     positive = [
         "batch_size",
         "micro_batch_size",
@@ -59,18 +62,15 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_s
             f"{stage}.num_minibatches={rcfg.num_minibatches}"
         )
     minibatch = local_batch // rcfg.num_minibatches
-    if minibatch % rcfg.micro_batch_size:
-        raise UserError(
-            f"{stage}: a minibatch of {minibatch} rollouts per process (batch_size / processes / num_minibatches) "
-            f"is not divisible by {stage}.micro_batch_size={rcfg.micro_batch_size}"
-        )
+    share = f"a minibatch of {minibatch} rollouts per process (batch_size / processes / num_minibatches)"
+    micro = micro_batch_size(stage, rcfg.micro_batch_size, minibatch, share)
     iterations = rcfg.total_episodes // rcfg.batch_size
     if iterations < 1:
         raise UserError(
             f"{stage}.total_episodes={rcfg.total_episodes} is less than one batch "
             f"({stage}.batch_size={rcfg.batch_size})"
         )
-    if n_prompts < prompts:
+    if n_prompts is not None and n_prompts < prompts:
         raise UserError(
             f"{stage}: {n_prompts} training prompts are fewer than the {prompts} needed per iteration; "
             f"lower {stage}.batch_size"
@@ -81,7 +81,8 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int, group_s
         local_prompts,
         local_batch,
         minibatch,
-        minibatch // rcfg.micro_batch_size,
+        micro,
+        minibatch // micro,
         iterations * rcfg.epochs * rcfg.num_minibatches,
     )
 

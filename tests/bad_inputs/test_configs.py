@@ -142,9 +142,10 @@ def test_batch_not_divisible_by_the_number_of_processes():
         plan_steps("sft", cfg.sft, n_examples=7000, world_size=3)
     assert_problem_and_fix(
         str(sft_error.value),
-        "sft.batch_size=32 must be divisible by sft.micro_batch_size=32 x 3 process(es)",
-        "set sft.batch_size to a multiple of 96",
+        "sft.batch_size=32 is not divisible by 3 processes",
+        "set sft.batch_size to a multiple of 3, or change the number of processes",
     )
+    plan_steps("sft", cfg.sft, n_examples=7000, world_size=2)  # micro-batch 32 > the 16 per process: becomes 16
     with pytest.raises(UserError) as grpo_error:
         plan_rl("grpo", cfg.grpo, world_size=3, n_prompts=7000, group_size=cfg.grpo.group_size)
     assert_problem_and_fix(
