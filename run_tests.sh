@@ -6,6 +6,7 @@
 #   ruff format . && ruff check --fix .    (from .venv/bin) fixes most lint and format findings
 set -euo pipefail
 cd "$(dirname "$0")"
+export RLHF_VLLM=1  # the vLLM engine's tests need vLLM's CPU build (scripts/env.sh)
 source scripts/env.sh
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .

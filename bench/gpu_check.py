@@ -155,7 +155,11 @@ def rollout_engines() -> dict:
     import importlib.util
 
     engines = {"hf": "measured"}
-    engines["vllm"] = "installed, not yet wired in" if importlib.util.find_spec("vllm") else "not installed"
+    engines["vllm"] = (
+        "installed: rollout.engine=vllm; time it with bench/rollout_engines.py --shape gpt2"
+        if importlib.util.find_spec("vllm")
+        else "not installed"
+    )
     return engines
 
 

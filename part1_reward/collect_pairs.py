@@ -34,8 +34,6 @@ from collections import Counter
 from itertools import combinations
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
@@ -43,6 +41,7 @@ from rlhf.batching import encode_texts
 from rlhf.cli import run_stage, start_stage
 from rlhf.config import Config
 from rlhf.data import DROP_REASONS, length_stats, token_filter_reason, write_jsonl
+from rlhf.engines import build_engine, check_engine
 from rlhf.errors import UserError
 from rlhf.judges import Judge, OpenAIJudge, RewardJudge, SimulatedAnnotatorJudge
 from rlhf.models import load_policy, load_reward_model, load_tokenizer
@@ -50,7 +49,7 @@ from rlhf.plots import plot_length_distributions
 from rlhf.rewards import text_scorer
 from rlhf.rl.plan import check_context, context_size
 from rlhf.rl.prompts import unique_prompts
-from rlhf.rollout import SamplingConfig, sample_responses
+from rlhf.rollout import SamplingConfig, sampling_seeds
 from rlhf.run import RunDir, write_json_atomic
 from rlhf.training import forward_map, make_accelerator
 from rlhf.winrates import agreement, agreement_by_group
@@ -127,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. Prompts: distinct training prompts, a seeded subset of collect.prompts.
     accelerator = make_accelerator(cfg)
+    check_engine(cfg.rollout, "collect", accelerator.num_processes)
     device = accelerator.device
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = unique_prompts(run.training_pairs("dataset"))
@@ -144,12 +144,13 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     policy = load_policy(run.model_dir("sft")).to(device).eval()
     sampling = SamplingConfig(c.max_new_tokens, temperature=c.temperature)
-    torch.manual_seed(cfg.run.seed + accelerator.process_index)
+    engine = build_engine(cfg.rollout, "collect", run.model_dir("sft"), tokenizer, accelerator, c.batch_size)
+    engine.load(policy)
 
     def sample(rows: list[int]) -> list[tuple[str, bool]]:
-        with accelerator.autocast():
-            out = sample_responses(policy, tokenizer, [prompt_ids[row // K] for row in rows], sampling)
-        return list(zip(out.texts, out.finished))
+        # row r samples from its own seed: the pairs do not depend on the process count or the batching
+        rollout = engine.sample([prompt_ids[row // K] for row in rows], sampling, sampling_seeds(cfg.run.seed, 0, rows))
+        return list(zip(rollout.texts(tokenizer), rollout.finished.tolist()))
 
     sample_rows = list(range(len(prompts) * K))
     prompt_lengths = [len(prompt_ids[row // K]) for row in sample_rows]  # batches of similar length: little padding

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.cli import run_stage, start_stage
+from rlhf.engines import build_engine, check_engine
 from rlhf.errors import UserError
 from rlhf.evaluation import sequence_kl
 from rlhf.lora import load_trainable_policy, reference_policy
@@ -53,12 +54,13 @@ from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_chec
 from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
 from rlhf.rl.passes import mean_process_units, micro_batches, minibatch_indices, shifted_entropy, shifted_logprobs
 from rlhf.rl.plan import check_context, check_grpo_config, context_size, plan_rl, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.prompts import load_rl_prompts
 from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
+from rlhf.rl.sampling import engine_mismatch_metrics, importance_weights, sample_train_batch
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import flat_reward_warning, gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, generate_rollout, local_sampling_seeds, rollout_logprobs, score_rollout
+from rlhf.rollout import SamplingConfig, rollout_logprobs, score_rollout
 from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
@@ -75,6 +77,7 @@ CURVES = [
     "grpo/policy/approxkl",
     "grpo/policy/k3_kl",
     "grpo/responses/length_score_corr",
+    "grpo/rollout/mismatch_kl",
     "grpo/train/loss",
     "grpo/train/grad_norm",
 ]
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     on_policy = gcfg.epochs == 1 and gcfg.num_minibatches == 1  # old log-probs = new ones, detached
     device, rank, G = accelerator.device, accelerator.process_index, gcfg.group_size
     set_cpu_threads("grpo", gcfg.cpu_threads, device)
+    check_engine(cfg.rollout, "grpo", accelerator.num_processes)
 
     # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
     #    when functions give the training score); a frozen reference only when beta > 0. Without one,
@@ -129,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = build_optimizer(policy, gcfg)
     scheduler = build_scheduler(optimizer, gcfg, plan.optimizer_steps)
     policy, optimizer = accelerator.prepare(policy, optimizer)
+    engine = build_engine(cfg.rollout, "grpo", run.model_dir("sft"), tokenizer, accelerator, gcfg.forward_batch_size)
     accelerator.print(
         f"[grpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x G={G}; policy "
         f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; reference "
@@ -149,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         measured = held_out_eval(
             "grpo",
+            engine,
             accelerator.unwrap_model(policy),
             eval_reference,
             reward_model,
@@ -172,28 +178,20 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. Iterations: G samples per prompt, group-relative advantages, clipped updates.
     while iteration < plan.iterations:
-        # 4a. Rollouts: each prompt repeated G times, consecutive rows forming its group, whole groups on one
-        #     process; row i of the global batch samples from its own seed, so W processes draw what one would.
+        # 4a. Rollouts from the current weights: each prompt repeated G times, consecutive rows forming its group,
+        #     whole groups on one process.
         t0 = time.perf_counter()
-        local_rows = local_prompt_rows(
-            len(prompts.train_ids),
+        local_rows, rollout = sample_train_batch(
+            engine,
+            accelerator.unwrap_model(policy),
+            prompts,
             plan.prompts_per_iteration,
             iteration,
             seed,
-            rank,
-            accelerator.num_processes,
+            accelerator,
+            sampling,
             G,
         )
-        policy.eval()
-        with accelerator.autocast():
-            rollout = generate_rollout(
-                accelerator.unwrap_model(policy),
-                tokenizer,
-                [prompts.train_ids[i] for i in local_rows],
-                sampling,
-                gcfg.forward_batch_size,
-                row_seeds=local_sampling_seeds(seed, iteration, rank, plan.local_batch),
-            )
         mask = rollout.response_mask  # (N, T)
         t1 = time.perf_counter()
 
@@ -243,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
                         ).logits  # (b, t, V)
                         new_logprobs = shifted_logprobs(logits, input_ids, gcfg.temperature)  # (b, t)
                         old_logprobs = new_logprobs.detach() if on_policy else logprobs[rows, :t]
+                        weights = importance_weights(rollout, old_logprobs, rows, t, cfg.rollout.tis_cap)
                         loss, loss_stats = grpo_loss(
                             new_logprobs,
                             old_logprobs,
@@ -253,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
                             clip_high,
                             gcfg.kl_coef,
                             gcfg.loss_normalization,
+                            weights,
                         )
                         if not torch.isfinite(loss):
                             raise UserError(
@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
             **response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, scores)), t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
+            **engine_mismatch_metrics(rollout, seen_logprobs),  # the engine's log-probs vs the trainer's
         }
         if gold:  # the gold judge on the training samples: over-optimisation shows here first
             local.update(gold_metrics(batch_prompts, responses))
@@ -352,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         eval_reference if eval_reference is not None else reference_policy(unwrapped, run.model_dir("sft"), device)
     )
     results, eval_samples = evaluate_against_sft(
+        engine,
         unwrapped,
         sft_policy,
         reward_model,

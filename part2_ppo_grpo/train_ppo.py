@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.cli import run_stage, start_stage
+from rlhf.engines import build_engine, check_engine
 from rlhf.errors import UserError
 from rlhf.evaluation import sequence_kl
 from rlhf.lora import load_trainable_policy, ppo_critic_and_reward, reference_policy
@@ -65,16 +66,15 @@ from rlhf.rl.passes import (
     shifted_logprobs,
 )
 from rlhf.rl.plan import check_context, check_ppo_config, context_size, plan_rl, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.prompts import load_rl_prompts
 from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen_digests
+from rlhf.rl.sampling import engine_mismatch_metrics, importance_weights, sample_train_batch
 from rlhf.rl.shaping import apply_missing_eos_penalty, make_kl_controller, shape_rewards
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import (
     SamplingConfig,
     forward_in_chunks,
-    generate_rollout,
-    local_sampling_seeds,
     rollout_logprobs,
     score_rollout,
 )
@@ -96,6 +96,7 @@ CURVES = [
     "ppo/val/loss",
     "ppo/objective/kl_coef",
     "ppo/responses/length_score_corr",
+    "ppo/rollout/mismatch_kl",
 ]
 EVAL_CURVES = [
     "ppo/eval/reward_mean",
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     clip_high = pcfg.clip if pcfg.clip_high is None else pcfg.clip_high
     device, rank = accelerator.device, accelerator.process_index
     set_cpu_threads("ppo", pcfg.cpu_threads, device)
+    check_engine(cfg.rollout, "ppo", accelerator.num_processes)
 
     # 2. Four roles, dropout off in every one (load_* disable it): trainable policy and critic in one
     #    module (one optimizer, one checkpoint), frozen reference and reward model.
@@ -152,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = build_ppo_optimizer(model, pcfg)
     scheduler = build_scheduler(optimizer, pcfg, plan.optimizer_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
+    engine = build_engine(cfg.rollout, "ppo", run.model_dir("sft"), tokenizer, accelerator, pcfg.forward_batch_size)
     kl_controller = make_kl_controller(pcfg)
     accelerator.print(
         f"[ppo] {plan.iterations} iterations x {pcfg.batch_size} episodes; policy "
@@ -174,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         measured = held_out_eval(
             "ppo",
+            engine,
             accelerator.unwrap_model(model).policy,
             reference,
             reward_model,
@@ -196,22 +200,19 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. Iterations: sample, score, shape rewards, estimate advantages, optimise.
     while iteration < plan.iterations:
-        # 4a. Rollouts from the current policy (KV-cached generation on left-padded prompts); row i of the
-        #     global batch samples from its own seed, so W processes draw what one process would.
+        # 4a. Rollouts from the current policy's weights.
         t0 = time.perf_counter()
-        local_rows = local_prompt_rows(
-            len(prompts.train_ids), plan.prompts_per_iteration, iteration, seed, rank, accelerator.num_processes
-        )
         model.eval()
-        with accelerator.autocast():
-            rollout = generate_rollout(
-                accelerator.unwrap_model(model).policy,
-                tokenizer,
-                [prompts.train_ids[i] for i in local_rows],
-                sampling,
-                pcfg.forward_batch_size,
-                row_seeds=local_sampling_seeds(seed, iteration, rank, plan.local_batch),
-            )
+        local_rows, rollout = sample_train_batch(
+            engine,
+            accelerator.unwrap_model(model).policy,
+            prompts,
+            plan.prompts_per_iteration,
+            iteration,
+            seed,
+            accelerator,
+            sampling,
+        )
         mask = rollout.response_mask  # (B, T)
         t1 = time.perf_counter()
 
@@ -261,7 +262,13 @@ def main(argv: list[str] | None = None) -> None:
                         new_logprobs = shifted_logprobs(logits, input_ids, pcfg.temperature)  # (b, t)
                         new_values = align_values(position_values)  # (b, t)
                         pg_loss, pg_stats = ppo_policy_loss(
-                            new_logprobs, logprobs[rows, :t], advantages[rows, :t], micro_mask, pcfg.clip, clip_high
+                            new_logprobs,
+                            logprobs[rows, :t],
+                            advantages[rows, :t],
+                            micro_mask,
+                            pcfg.clip,
+                            clip_high,
+                            importance_weights(rollout, logprobs[rows, :t], rows, t, cfg.rollout.tis_cap),
                         )
                         vf_loss, vf_stats = ppo_value_loss(
                             new_values, values[rows, :t], returns[rows, :t], micro_mask, pcfg.value_clip
@@ -319,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
             **response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, scores)), t1 - t0),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
+            **engine_mismatch_metrics(rollout, logprobs),  # the engine's log-probs vs the trainer's
         }
         if gold:  # the gold judge on the training samples: over-optimisation shows here first
             local.update(gold_metrics(batch_prompts, responses))
@@ -374,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both.
     results, eval_samples = evaluate_against_sft(
+        engine,
         unwrapped.policy,
         reference,
         reward_model,

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from rlhf.batching import collate_sequences
 from rlhf.cli import run_stage, start_stage
+from rlhf.engines import build_engine, check_engine
 from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.models import load_reward_model, load_tokenizer
 from rlhf.raft import check_raft_config, kept_rows, plan_raft, tied_prompts
@@ -42,12 +43,13 @@ from rlhf.rewards import load_reward_source
 from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
 from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
 from rlhf.rl.plan import check_context, context_size, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.prompts import load_rl_prompts
 from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
+from rlhf.rl.sampling import sample_train_batch
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, generate_rollout, local_sampling_seeds, score_rollout
+from rlhf.rollout import SamplingConfig, score_rollout
 from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss, train_step
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     device, rank, N = accelerator.device, accelerator.process_index, rcfg.samples_per_prompt
     finetune = plan.finetune  # one round's fine-tuning
     set_cpu_threads("raft", rcfg.cpu_threads, device)
+    check_engine(cfg.rollout, "raft", accelerator.num_processes)
 
     # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
     #    when functions rank the samples). The SFT policy, to measure KL against, only when evaluating
@@ -106,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = build_optimizer(policy, rcfg)
     scheduler = build_scheduler(optimizer, rcfg, plan.optimizer_steps)
     policy, optimizer = accelerator.prepare(policy, optimizer)
+    engine = build_engine(cfg.rollout, "raft", run.model_dir("sft"), tokenizer, accelerator, rcfg.eval_batch_size)
     accelerator.print(
         f"[raft] {rcfg.rounds} rounds x {rcfg.prompts_per_round} prompts x N={N}, top {rcfg.top_k} kept: "
         f"{finetune.total_steps} optimizer steps per round; policy "
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         measured = held_out_eval(
             "raft",
+            engine,
             accelerator.unwrap_model(policy),
             sft_policy,
             reward_model,
@@ -148,28 +153,19 @@ def main(argv: list[str] | None = None) -> None:
     # 4. Rounds: sample N per prompt, keep the best, fine-tune on them.
     while round_index < rcfg.rounds:
         # 4a. Samples from the current policy: each prompt repeated N times, prompt p's in rows p*N .. p*N + N-1,
-        #     whole prompts on one process; row i of the round's global batch samples from its own seed, so W
-        #     processes draw what one would.
+        #     whole prompts on one process.
         t0 = time.perf_counter()
-        local_rows = local_prompt_rows(
-            len(prompts.train_ids),
+        local_rows, rollout = sample_train_batch(
+            engine,
+            accelerator.unwrap_model(policy),
+            prompts,
             rcfg.prompts_per_round,
             round_index,
             seed,
-            rank,
-            accelerator.num_processes,
+            accelerator,
+            sampling,
             N,
         )
-        policy.eval()
-        with accelerator.autocast():
-            rollout = generate_rollout(
-                accelerator.unwrap_model(policy),
-                tokenizer,
-                [prompts.train_ids[i] for i in local_rows],
-                sampling,
-                rcfg.eval_batch_size,
-                row_seeds=local_sampling_seeds(seed, round_index, rank, len(local_rows)),
-            )
         t1 = time.perf_counter()
 
         # 4b. Scores (the reward model only when the reward spec uses it; functions score the decoded text).
@@ -287,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     #    policy is loaded now if nothing loaded it yet (peak memory was read above).
     sft_policy = sft_policy if sft_policy is not None else reference_policy(unwrapped, run.model_dir("sft"), device)
     results, eval_samples = evaluate_against_sft(
+        engine,
         unwrapped,
         sft_policy,
         reward_model,

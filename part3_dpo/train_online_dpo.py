@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from rlhf.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
 from rlhf.cli import run_stage, start_stage
 from rlhf.dpo import PrecomputedReference, local_pair_logps, make_loss_fn
+from rlhf.engines import build_engine, check_engine
 from rlhf.errors import UserError
 from rlhf.judges import OpenAIJudge, SimulatedAnnotatorJudge
 from rlhf.lora import load_trainable_policy, reference_policy
@@ -55,12 +56,13 @@ from rlhf.rewards import load_reward_source
 from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
 from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
 from rlhf.rl.plan import check_context, context_size, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts, local_prompt_rows
+from rlhf.rl.prompts import load_rl_prompts
 from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
+from rlhf.rl.sampling import sample_train_batch
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, generate_rollout, local_sampling_seeds, score_rollout
+from rlhf.rollout import SamplingConfig, score_rollout
 from rlhf.run import stage_seed
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, train_step
@@ -122,9 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     check_context("online_dpo", prompts.longest, ocfg.max_new_tokens, context_size(run.model_dir("sft")))
     annotator = build_pairwise_annotator(cfg, run) if ocfg.judge != "reward" else None
     sampling = SamplingConfig(ocfg.max_new_tokens, ocfg.temperature, ocfg.top_p, ocfg.top_k)
-    device, rank, K = accelerator.device, accelerator.process_index, ocfg.samples_per_prompt
+    device, K = accelerator.device, ocfg.samples_per_prompt
     average = DPO_AVERAGES_LOGPS[ocfg.loss_type]
     set_cpu_threads("online_dpo", ocfg.cpu_threads, device)
+    check_engine(cfg.rollout, "online_dpo", accelerator.num_processes)
 
     def collate(pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
         return collate_shared_prompt_pairs(pairs, tokenizer.pad_token_id)
@@ -140,6 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = build_optimizer(policy, ocfg)
     scheduler = build_scheduler(optimizer, ocfg, plan.optimizer_steps)
     policy, optimizer = accelerator.prepare(policy, optimizer)
+    engine = build_engine(
+        cfg.rollout, "online_dpo", run.model_dir("sft"), tokenizer, accelerator, ocfg.forward_batch_size
+    )
     accelerator.print(
         f"[online_dpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x K={K}, judge "
         f"{ocfg.judge}, reference {ocfg.reference}; loss {ocfg.loss_type} beta={ocfg.beta}; policy "
@@ -158,6 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         measured = held_out_eval(
             "online_dpo",
+            engine,
             accelerator.unwrap_model(policy),
             sft_policy,
             reward_model,
@@ -179,23 +186,20 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. Iterations: sample K per prompt, judge them into pairs, take DPO steps on the pairs.
     while iteration < plan.iterations:
-        # 4a. Samples from the current policy: prompt p's K samples in rows p*K .. p*K + K-1; row i of the global
-        #     batch from its own seed.
+        # 4a. Samples from the current policy: prompt p's K samples in rows p*K .. p*K + K-1.
         t0 = time.perf_counter()
-        local_rows = local_prompt_rows(
-            len(prompts.train_ids), plan.prompts_per_iteration, iteration, seed, rank, accelerator.num_processes, K
+        local_rows, rollout = sample_train_batch(
+            engine,
+            accelerator.unwrap_model(policy),
+            prompts,
+            plan.prompts_per_iteration,
+            iteration,
+            seed,
+            accelerator,
+            sampling,
+            K,
         )
         local_batch = len(local_rows)
-        policy.eval()
-        with accelerator.autocast():
-            rollout = generate_rollout(
-                accelerator.unwrap_model(policy),
-                tokenizer,
-                [prompts.train_ids[i] for i in local_rows],
-                sampling,
-                ocfg.forward_batch_size,
-                row_seeds=local_sampling_seeds(seed, iteration, rank, local_batch),
-            )
         t1 = time.perf_counter()
 
         # 4b. The judge: each prompt's best and worst sample by score, or the annotator's verdict on the two.
@@ -332,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both.
     results, eval_samples = evaluate_against_sft(
+        engine,
         unwrapped,
         sft_policy,
         reward_model,

@@ -27,6 +27,7 @@ from rlhf import task
 from rlhf.batching import encode_texts
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import heldout_references, heldout_split, write_jsonl
+from rlhf.engines import build_engine, check_engine
 from rlhf.errors import UserError
 from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
@@ -97,6 +98,7 @@ class Answers:
 
 
 def answer(
+    engine,
     model,
     ref_model,
     reward_model,
@@ -108,9 +110,11 @@ def answer(
     stream: int = EVAL_STREAM,
 ) -> tuple[Answers, list[list[int]]]:
     """The shared decoding: every model samples with the same settings, prompt i from its own seed, on whichever
-    process it is sharded to (`sample_for_eval`), so every process count draws the same responses."""
+    process it is sharded to (`sample_for_eval`), so every process count draws the same responses. `engine`
+    (`rlhf.engines`) samples; `model` is the policy whose weights it samples from."""
     sampling = SamplingConfig(cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p)
     samples = sample_for_eval(
+        engine,
         model,
         tokenizer,
         encode_texts(tokenizer, prompts),
@@ -171,10 +175,12 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. Models: SFT (also the KL reference), every completed policy stage, and the base model if pretrained.
     accelerator = make_accelerator(cfg)
+    check_engine(cfg.rollout, "eval", accelerator.num_processes)
     device = accelerator.device
     tokenizer = load_tokenizer(run.model_dir("sft"))
     ref_model = load_policy(run.model_dir("sft")).to(device).eval()
     reward_model = load_reward_model(run.model_dir("reward")).to(device).eval()
+    engine = build_engine(cfg.rollout, "eval", run.model_dir("sft"), tokenizer, accelerator, cfg.eval.batch_size)
     policies = {stage: run.model_dir(stage) for stage in POLICY_STAGES if run.is_complete(stage, cfg)}
     for stage in POLICY_STAGES:
         if stage not in policies:
@@ -204,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, model in models.items():
             started_at = time.perf_counter()
             answers[name], token_ids = answer(
-                model, ref_model, reward_model, tokenizer, prompts, cfg, accelerator, with_kl=name != "sft"
+                engine, model, ref_model, reward_model, tokenizer, prompts, cfg, accelerator, with_kl=name != "sft"
             )
             if name == "sft":
                 answers[name].kls = [0.0] * len(prompts)  # pi = pi_ref: the estimate is exactly zero
@@ -220,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         bon_prompts = prompts[: cfg.eval.best_of_n_prompts]
         repeated = [p for p in bon_prompts for _ in range(n_best)]
         bon_all, bon_ids = answer(
+            engine,
             ref_model,
             ref_model,
             reward_model,
@@ -268,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
                 suites[suite] = {}
                 for name, model in models.items():
                     result, _ = answer(
-                        model, ref_model, reward_model, tokenizer, suite_list, cfg, accelerator, with_kl=False
+                        engine, model, ref_model, reward_model, tokenizer, suite_list, cfg, accelerator, with_kl=False
                     )
                     rows = result.rows(is_embedded)
                     suite_rows[suite] += [

@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
 from rlhf.data import read_jsonl
+from rlhf.engines import build_engine
 from rlhf.errors import UserError
 from rlhf.models import load_policy, load_reward_model, load_tokenizer
 from rlhf.overoptimization import best_of_n_points, eval_every_for, eval_points, kl_optimum_points
@@ -233,13 +234,24 @@ def sampled_curves(
     prompts = load_rl_prompts("ppo", run, cfg, tokenizer, n_prompts)
     sft = frozen(load_policy(run.model_dir("sft")), device)
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
+    engine = build_engine(
+        cfg.rollout, "overopt", run.model_dir("sft"), tokenizer, accelerator, cfg.ppo.forward_batch_size
+    )
     N = max(ns)
     repeated_ids = [ids for ids in prompts.eval_ids for _ in range(N)]
     repeated_texts = [text for text in prompts.eval_texts for _ in range(N)]
     print(f"[overopt] best-of-n: {len(prompts.eval_ids)} prompts x {N} SFT samples")
     with accelerator.autocast():
         samples = sample_for_eval(
-            sft, tokenizer, repeated_ids, sampling, cfg.run.seed, cfg.ppo.forward_batch_size, reward_model, accelerator
+            engine,
+            sft,
+            tokenizer,
+            repeated_ids,
+            sampling,
+            cfg.run.seed,
+            cfg.ppo.forward_batch_size,
+            reward_model,
+            accelerator,
         )
     proxy = torch.tensor(samples["rewards"]).view(-1, N)  # (P, N)
     gold = None

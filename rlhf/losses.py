@@ -237,20 +237,30 @@ DPO_AVERAGES_LOGPS = {"sigmoid": False, "ipo": True, "cdpo": False}
 
 
 def _clipped_surrogate(
-    new_logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_low: float, clip_high: float
+    new_logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    clip_low: float,
+    clip_high: float,
+    importance_weights: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-token max(−A·ρ, −A·clip(ρ, 1−clip_low, 1+clip_high)) (Schulman et al. 2017 eq. 7, as a loss).
+    """Per-token max(−A·ρ, −A·clip(ρ, 1−clip_low, 1+clip_high)) (Schulman et al. 2017 eq. 7, as a loss),
+    times `importance_weights` (B, T) when given (truncated importance sampling for samples drawn by another
+    engine, `rlhf.ops.truncated_importance_weights`; Yao et al. 2025).
 
     Returns (per_token_loss, ratio, clipped_chosen, log_ratio), each (B, T); clipped_chosen is
     True where the clipped term was strictly larger, i.e. where the token gets no gradient.
-    old_logprobs and advantages are constants of the surrogate and are detached.
+    old_logprobs, advantages and the weights are constants of the surrogate and are detached.
     """
     log_ratio = upcast(new_logprobs) - upcast(old_logprobs).detach()  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
     advantages = upcast(advantages).detach()
     unclipped = -advantages * ratio  # (B, T)
     clipped = -advantages * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)  # (B, T)
-    return torch.maximum(unclipped, clipped), ratio, clipped > unclipped, log_ratio
+    per_token_loss = torch.maximum(unclipped, clipped)  # (B, T)
+    if importance_weights is not None:
+        per_token_loss = per_token_loss * upcast(importance_weights).detach()
+    return per_token_loss, ratio, clipped > unclipped, log_ratio
 
 
 def ppo_policy_loss(
@@ -260,9 +270,11 @@ def ppo_policy_loss(
     response_mask: Tensor,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    importance_weights: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     """PPO clipped surrogate (Schulman et al. 2017 eq. 7), negated to a loss and averaged
-    over all response tokens of the batch (Huang et al. 2024).
+    over all response tokens of the batch (Huang et al. 2024); each token's term times
+    `importance_weights` (B, T) when given (truncated importance sampling, `_clipped_surrogate`).
 
     The ratio ρ = π_new/π_old is clipped to [1 − clip_low, 1 + clip_high]; clip_high >
     clip_low is DAPO's "clip-higher" (arXiv 2503.14476).
@@ -273,7 +285,7 @@ def ppo_policy_loss(
       ratio_mean mean ρ
     """
     per_token_loss, ratio, clipped_chosen, log_ratio = _clipped_surrogate(
-        new_logprobs, old_logprobs, advantages, clip_low, clip_high
+        new_logprobs, old_logprobs, advantages, clip_low, clip_high, importance_weights
     )
     loss = masked_mean(per_token_loss, response_mask)
     stats = {
@@ -332,12 +344,14 @@ def grpo_loss(
     clip_high: float = 0.2,
     beta: float = 0.04,
     normalization: str = "sequence",
+    importance_weights: Tensor | None = None,
 ) -> tuple[Tensor, Stats]:
     """GRPO loss (DeepSeekMath, arXiv 2402.03300, eq. 3), per token:
 
         max(−A·ρ, −A·clip(ρ, 1−clip_low, 1+clip_high)) + β·k3(π_new, π_ref)
 
-    reduced by GRPO_NORMALIZERS[normalization]. k3 is `rlhf.ops.kl_k3` (their eq. 4).
+    reduced by GRPO_NORMALIZERS[normalization]. k3 is `rlhf.ops.kl_k3` (their eq. 4). With
+    `importance_weights` (B, T) the surrogate term (not the KL) is weighted per token (`_clipped_surrogate`).
     new_logprobs, old_logprobs, ref_logprobs: (B, T); advantages: (B,), one per completion,
     broadcast over its tokens; response_mask: (B, T) bool.
     ref_logprobs may be None only when beta == 0 (no KL term, DAPO).
@@ -350,7 +364,7 @@ def grpo_loss(
     if normalization not in GRPO_NORMALIZERS:
         raise ValueError(f"grpo_loss: normalization={normalization!r}; choose one of {sorted(GRPO_NORMALIZERS)}")
     per_token_loss, ratio, clipped_chosen, log_ratio = _clipped_surrogate(
-        new_logprobs, old_logprobs, advantages[:, None], clip_low, clip_high
+        new_logprobs, old_logprobs, advantages[:, None], clip_low, clip_high, importance_weights
     )  # (B, T) each
     kl = torch.zeros_like(per_token_loss) if ref_logprobs is None else kl_k3(new_logprobs, ref_logprobs)  # (B, T)
     loss = GRPO_NORMALIZERS[normalization](per_token_loss + beta * kl, response_mask)

@@ -200,6 +200,30 @@ def kl_k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
+# ---------------------------------------------------------------- a sampling engine's log-probs vs the trainer's
+
+
+def logprob_mismatch(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """How far an engine's log-probs of its own samples are from the trainer's for the same weights, over the
+    response tokens (`mask`): abs_diff, the mean |log π_trainer − log π_engine|; abs_diff_max; and kl, the
+    k3 estimate of KL(π_engine ‖ π_trainer) per token, whose samples come from the engine (Schulman 2020's
+    k3 with r = π_trainer / π_engine: r − 1 − log r ≥ 0). All (B, T) in, scalars out."""
+    log_r = upcast(trainer_logprobs) - upcast(engine_logprobs)  # (B, T)
+    return {
+        "abs_diff": masked_mean(log_r.abs(), mask),
+        "abs_diff_max": log_r.abs().masked_fill(~mask, 0).max(),
+        "kl": masked_mean(torch.exp(log_r) - 1 - log_r, mask),
+    }
+
+
+def truncated_importance_weights(trainer_logprobs: Tensor, engine_logprobs: Tensor, cap: float) -> Tensor:
+    """min(π_trainer / π_engine, cap) per token, detached (Yao et al. 2025, "Your Efficient RL Framework Secretly
+    Brings You Off-Policy RL Training", truncated importance sampling): the samples came from the engine's
+    distribution, the policy gradient wants the trainer's; capping bounds the variance. (B, T) -> (B, T)."""
+    log_r = upcast(trainer_logprobs).detach() - upcast(engine_logprobs).detach()
+    return torch.exp(log_r).clamp(max=cap)
+
+
 # ---------------------------------------------------------------- advantages
 
 

