@@ -6,7 +6,7 @@
 #   ruff format . && ruff check --fix .    (from .venv/bin) fixes most lint and format findings
 set -euo pipefail
 cd "$(dirname "$0")"
-export RLHF_VLLM=1  # the vLLM engine's tests need vLLM's CPU build (scripts/env.sh)
+export RLHF_VLLM=1  # the vLLM engine's tests run in .venv-vllm, with vLLM's CPU build (scripts/env.sh)
 source scripts/env.sh
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
@@ -14,4 +14,18 @@ source scripts/env.sh
 # that its module fixtures are built once, and one torch thread per worker: two workers' threads then never
 # spin against each other on a small machine (docs/performance.md).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile "$@"
+if [ $# -gt 0 ] || [ -z "${VLLM_PY:-}" ]; then
+  exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile "$@"
+fi
+# The whole suite: the vLLM engine's tests in .venv-vllm (one process, beside the others), the rest in .venv.
+vllm_log=$(mktemp)
+RLHF_REQUIRE_VLLM=1 "$VLLM_PY" -m pytest -p no:cacheprovider -m vllm > "$vllm_log" 2>&1 &
+vllm_pid=$!
+status=0
+"$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile -m "not vllm" || status=$?
+vllm_status=0
+wait "$vllm_pid" || vllm_status=$?
+echo "---------- the vLLM engine's tests, in .venv-vllm ----------"
+cat "$vllm_log"
+rm -f "$vllm_log"
+[ "$status" -eq 0 ] && [ "$vllm_status" -eq 0 ]

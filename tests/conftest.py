@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from fake_openai import server  # noqa: F401  (the fake OpenAI-compatible judge server, for every test module)
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,11 +58,50 @@ def read_summary(output_dir: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
-    """data -> sft -> reward on a reduced tiny preset, shared by every end-to-end test of the session.
+    """data -> sft -> reward on a reduced tiny preset, built once per test run and shared by every end-to-end test:
+    the first worker to need it builds it under a file lock in the folder all workers' temporary folders share,
+    the others wait for it and reuse it.
 
     Tests that train further stages should copy it (shutil.copytree) rather than write into it.
     """
-    output_dir = tmp_path_factory.mktemp("tiny_run")
-    for script in ("part1_reward/analyze_data.py", "part1_reward/train_sft.py", "part1_reward/train_reward.py"):
-        run_script(script, output_dir, *TINY_TEST_OVERRIDES)
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # each worker's basetemp is a subfolder of the run's
+    output_dir, built = shared / "tiny_run", shared / "tiny_run.built"
+    with FileLock(str(shared / "tiny_run.lock")):
+        if not built.exists():
+            shutil.rmtree(output_dir, ignore_errors=True)  # a build that failed half-way
+            for script in (
+                "part1_reward/analyze_data.py",
+                "part1_reward/train_sft.py",
+                "part1_reward/train_reward.py",
+            ):
+                run_script(script, output_dir, *TINY_TEST_OVERRIDES)
+            built.touch()
     return output_dir
+
+
+# The slowest test files (minutes each, docs/performance.md), collected first: `--dist loadfile` hands files to the
+# workers in collection order, so the long ones start early instead of leaving one worker busy at the end.
+SLOW_FILES_FIRST = (
+    "test_launch_pipeline_e2e.py",
+    "test_ppo_grpo_e2e.py",
+    "test_seeds.py",
+    "test_bench.py",
+    "test_bf16_e2e.py",
+    "test_lora_e2e.py",
+    "test_part1_e2e.py",
+    "test_tldr_e2e.py",
+    "test_distributed.py",
+    "test_pipeline_e2e.py",
+    "test_bf16_lora_ddp_e2e.py",
+    "test_hh_e2e.py",
+    "test_overoptimization.py",
+    "test_collect_e2e.py",
+    "test_dpo_e2e.py",
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

@@ -499,7 +499,7 @@ def test_no_held_out_prompts_skip_every_evaluation(tmp_path):
     from rlhf.rl.prompts import RLPrompts
 
     prompts = RLPrompts(["\n\nHuman: What is 3 plus 4?\n\nAssistant:"], [], [[5, 6, 7]], [])
-    no_models = (None, None, None, None, prompts, None, 0, 8, None, True)
+    no_models = (None, None, None, None, None, prompts, None, 0, 8, None, True)  # no engine either
     assert evaluate_against_sft(*no_models) == ({"eval_prompts": 0}, [])
     assert held_out_eval("raft", *no_models) == {}
     assert final_line("raft", {"eval_prompts": 0, "rounds": 4}) == "[raft] no held-out evaluation (raft.eval_prompts=0)"
@@ -539,6 +539,7 @@ def test_summarize_samples_by_hand():
 
 
 def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
+    from rlhf.engines import HFEngine
     from rlhf.models import train_tokenizer
     from rlhf.rl.prompts import RLPrompts
     from rlhf.rollout import SamplingConfig
@@ -574,8 +575,12 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
     )
     sampling = SamplingConfig(max_new_tokens=6, temperature=0.7)
 
+    engine = HFEngine(tokenizer, 8)
+
     def evaluate(model):
-        return held_out_eval("grpo", model, sft, reward, tokenizer, prompts, sampling, 3, 8, accelerator, gold=True)
+        return held_out_eval(
+            "grpo", engine, model, sft, reward, tokenizer, prompts, sampling, 3, 8, accelerator, gold=True
+        )
 
     rng = torch.get_rng_state()
     at_start = evaluate(policy)

@@ -1,5 +1,5 @@
-"""End to end through the real command line with `rollout.engine=vllm` (vLLM's CPU build, installed by
-run_tests.sh): GRPO trains with the weights pushed into the engine every iteration, logs the engine-vs-trainer
+"""End to end through the real command line with `rollout.engine=vllm` (vLLM's CPU build, in the .venv-vllm that
+run_tests.sh builds): GRPO trains with the weights pushed into the engine every iteration, logs the engine-vs-trainer
 log-prob mismatch, and ends where the hf engine ends at the same budget, within sampling error; PPO, with
 truncated importance sampling on, is killed after a checkpoint and resumes to the weights of an uninterrupted run."""
 
@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from test_engines import needs_vllm
 from test_ppo_grpo_e2e import FAST, SCRIPTS
 
-pytestmark = [pytest.mark.slow, needs_vllm]
+pytestmark = [pytest.mark.slow, *needs_vllm]
 VLLM = ["rollout.engine=vllm", "rollout.cpu_kv_cache_mb=128"]
 
 
