@@ -56,7 +56,8 @@ SHAPES = {
     "tiny": {
         "rows": (400, 24),  # SFT times 2 steps of 128 demonstrations
         "lengths": {},
-        "model": ["model.config_overrides={n_layer: 1, n_embd: 32, n_head: 2, n_positions: 1024}"],
+        # one head of 32: vLLM's CPU attention kernels take head sizes of 32 and up
+        "model": ["model.config_overrides={n_layer: 1, n_embd: 32, n_head: 1, n_positions: 1024}"],
         "vocab_size": 256,
         "steps": (1, 1),
         "rl_steps": (1, 1),
@@ -150,17 +151,20 @@ def peak_flops(device: str) -> float | None:
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
-def rollout_engines() -> dict:
-    """The engines a GRPO rollout can use here: `hf` always; `vllm` when it is importable."""
+def vllm_importable() -> bool:
     import importlib.util
 
-    engines = {"hf": "measured"}
-    engines["vllm"] = (
-        "installed: rollout.engine=vllm; time it with bench/rollout_engines.py --shape gpt2"
-        if importlib.util.find_spec("vllm")
-        else "not installed"
-    )
-    return engines
+    return importlib.util.find_spec("vllm") is not None
+
+
+def grpo_per_sample(entry: dict, engine: str) -> dict:
+    """GRPO's cost per generated sample from a timed entry: the whole iteration, and its generation alone."""
+    return {
+        "engine": engine,
+        "ms_per_sample": 1000 * entry["seconds_per_step"] / entry["raw"]["batch_size"],
+        "generate_ms_per_sample": 1000 * entry["generate_s_per_step"] / entry["raw"]["batch_size"],
+        "generated_tokens_per_s": entry["generated_tokens_per_s"],
+    }
 
 
 def projection(timed: dict, config) -> dict:
@@ -218,9 +222,11 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {stage} | {entry['seconds_per_step']:.3f} | {tokens:,.0f} | {mfu} | {entry['peak_memory_mb']:,.0f} |"
         )
-    if grpo := results.get("grpo_per_sample"):
-        lines += ["", f"GRPO, engine hf: {grpo['ms_per_sample']:.1f} ms per generated sample (whole iteration), "]
-        lines[-1] += f"{grpo['generated_tokens_per_s']:,.0f} generated tokens/s; engines: {results['engines']}"
+    for key in ("grpo_per_sample", "grpo_per_sample_vllm"):
+        if grpo := results.get(key):
+            lines += ["", f"GRPO, engine {grpo['engine']}: {grpo['ms_per_sample']:.1f} ms per generated sample "]
+            lines[-1] += f"(whole iteration), {grpo['generated_tokens_per_s']:,.0f} generated tokens/s"
+    lines += ["", f"Engines: {results['engines']}"]
     if proj := results.get("projection"):
         parts = ", ".join(f"{s} {v / 60:.1f} min" for s, v in proj["seconds"].items())
         lines += ["", f"Projected at the preset's budgets ({proj['train_pairs']:,} train pairs): {parts}; "]
@@ -281,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "bash bench/gpu_check.sh " + " ".join(argv if argv is not None else sys.argv[1:]),
         "shape": args.shape,
         "torch": torch.__version__,
-        "engines": rollout_engines(),
+        "engines": {"hf": "measured", "vllm": "installed" if vllm_importable() else "not installed"},
         "timed": {},
     }
     print(f"[gpu-check] {device}, torch {torch.__version__}, shape {args.shape}; work folder {work}", flush=True)
@@ -297,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         results["model"] = shape = model_shape(run)
     for stage in timed_stages:
         timed, warmup = spec["rl_steps"] if stage in RL else spec["steps"]
-        overrides = [f"data.path={data}", *model, *UPSTREAM_CAPS, *args.overrides]
+        # the table is the hf engine's (the preset's `auto` would take vLLM where it is installed); GRPO through
+        # vLLM is timed after it
+        overrides = [f"data.path={data}", *model, *UPSTREAM_CAPS, "rollout.engine=hf", *args.overrides]
         try:
             # an RL stage's profile records every generation kernel of the whole stage: minutes on a GPU
             raw = measure_stage(stage, run, PRESET, timed, warmup, overrides, args.profile and stage not in RL)
@@ -308,15 +316,23 @@ def main(argv: list[str] | None = None) -> int:
         results["timed"][stage] = entry = timed_entry(raw, stage, shape, peak_flops(device) if on_gpu else None)
         print(f"[gpu-check] {stage}: " + json.dumps({k: v for k, v in entry.items() if k != "raw"}), flush=True)
         if grpo := results["timed"].get("grpo"):
-            results["grpo_per_sample"] = {
-                "engine": "hf",
-                "ms_per_sample": 1000 * grpo["seconds_per_step"] / grpo["raw"]["batch_size"],
-                "generate_ms_per_sample": 1000 * grpo["generate_s_per_step"] / grpo["raw"]["batch_size"],
-                "generated_tokens_per_s": grpo["generated_tokens_per_s"],
-            }
+            results["grpo_per_sample"] = grpo_per_sample(grpo, "hf")
         ok = {s: e for s, e in results["timed"].items() if "error" not in e}
         results["projection"] = projection(ok, load_config(preset_path(PRESET), []))
         write(results, args.out)
+
+    if "grpo" in results["timed"] and "error" not in results["timed"]["grpo"] and vllm_importable():
+        timed, warmup = spec["rl_steps"]
+        overrides = [f"data.path={data}", *model, *UPSTREAM_CAPS, *args.overrides, "rollout.engine=vllm"]
+        try:
+            raw = measure_stage("grpo", run, PRESET, timed, warmup, overrides, False)
+            entry = timed_entry(raw, "grpo", shape, None)
+            results["grpo_per_sample_vllm"] = grpo_per_sample(entry, "vllm")
+            results["engines"]["vllm"] = "measured"
+            print(f"[gpu-check] grpo through vLLM: {json.dumps(results['grpo_per_sample_vllm'])}", flush=True)
+        except SystemExit as exc:
+            results["engines"]["vllm"] = f"failed: {str(exc).splitlines()[0] if str(exc) else exc}"
+            print(f"[gpu-check] grpo through vLLM: FAILED {results['engines']['vllm']}", flush=True)
 
     path = write(results, args.out)
     print(markdown(results))

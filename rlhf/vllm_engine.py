@@ -36,6 +36,7 @@ class VLLMEngine:
     def __init__(self, rollout_cfg, stage: str, model_dir, tokenizer, device, mixed_precision: str, seed: int = 0):
         _quiet_vllm()
         from vllm import LLM
+        from vllm.inputs import TokensPrompt
 
         from rlhf.rl.plan import context_size
 
@@ -64,8 +65,12 @@ class VLLMEngine:
                 seed=seed,
                 logprobs_mode="processed_logprobs",
                 trust_remote_code=False,
+                use_tqdm_on_load=False,  # the stage's own progress bars only
                 **memory,
             )
+            # One token now: a model the engine loads but cannot run (an attention shape its kernels lack) fails
+            # here, at start-up, rather than at the first rollout.
+            self.llm.generate([TokensPrompt(prompt_token_ids=[tokenizer.eos_token_id])], use_tqdm=False)
         except Exception as error:  # vLLM raises plain ValueError/RuntimeError; name the setting to change
             raise UserError(_build_error(stage, model_dir, error, self.device)) from error
         self.ban_pad = {tokenizer.pad_token_id: float("-inf")}
@@ -122,9 +127,11 @@ class VLLMEngine:
 def _build_error(stage: str, model_dir, error: Exception, device) -> str:
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     lowered = text.lower()
+    setting = "rollout.gpu_memory_utilization" if device.type == "cuda" else "rollout.cpu_kv_cache_mb"
+    if "kv cache" in lowered:  # too small a cache for one sequence of the model's context
+        return f"{stage}: vLLM's KV cache is too small ({text}); raise {setting}, or set rollout.engine=hf"
     if "memory" in lowered or isinstance(error, torch.OutOfMemoryError):
-        setting = "rollout.gpu_memory_utilization" if device.type == "cuda" else "rollout.cpu_kv_cache_mb"
         return f"{stage}: vLLM ran out of memory building its engine ({text}); lower {setting}, or rollout.engine=hf"
-    if "architecture" in lowered or "not supported" in lowered:
+    if "architecture" in lowered or "not supported" in lowered or "unsupported" in lowered:
         return f"{stage}: vLLM cannot load the model in {model_dir} ({text}); set rollout.engine=hf"
     return f"{stage}: vLLM failed to build its engine from {model_dir} ({text}); set rollout.engine=hf"

@@ -6,8 +6,10 @@ contract, and that both engines sample the same distribution."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -104,6 +106,26 @@ def test_a_default_rollout_section_keeps_earlier_runs_complete(tmp_path):
     assert run.fingerprint("sft", default) == run.fingerprint("sft", load_config(None, ["rollout.engine=vllm"]))
 
 
+def test_vllm_build_errors_name_the_setting_to_change():
+    from rlhf.vllm_engine import _build_error
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    free = ValueError("Available memory on node 0 (11.69/14.21 GiB) on startup is less than desired CPU memory")
+    assert _build_error("grpo", "run/sft/model", free, cpu) == (
+        "grpo: vLLM ran out of memory building its engine (Available memory on node 0 (11.69/14.21 GiB) on startup "
+        "is less than desired CPU memory); lower rollout.cpu_kv_cache_mb, or rollout.engine=hf"
+    )
+    small = ValueError("To serve at least one request with max_model_len (1024), 36 MiB KV cache is needed")
+    assert _build_error("ppo", "m", small, cuda).endswith(
+        "raise rollout.gpu_memory_utilization, or set rollout.engine=hf"
+    )
+    kernel = RuntimeError("Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0")
+    assert _build_error("eval", "m", kernel, cpu) == (
+        "eval: vLLM cannot load the model in m (Unsupported CPU attention configuration: head_dim=16 isa=2 "
+        "kv_cache_idx=0); set rollout.engine=hf"
+    )
+
+
 # ----------------------------------------------------------------------------- LoRA: the weights a push sends
 
 
@@ -163,8 +185,6 @@ def model_dir(tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_engine(model_dir, tokenizer):
-    from types import SimpleNamespace
-
     accelerator = SimpleNamespace(
         device=torch.device("cpu"),
         num_processes=1,
@@ -172,6 +192,25 @@ def vllm_engine(model_dir, tokenizer):
         autocast=lambda: torch.autocast("cpu", enabled=False),
     )
     return build_engine(RolloutConfig(engine="vllm", cpu_kv_cache_mb=64), "test", model_dir, tokenizer, accelerator, 64)
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(NO_VLLM, reason=NO_VLLM_REASON)
+def test_a_model_vllm_cannot_run_is_a_one_line_error_at_build_time(tokenizer, tmp_path):
+    """Heads of 16: vLLM's CPU attention has no kernel for them; the engine says so when it is built."""
+    from transformers import GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(tiny_config(tokenizer))  # 32 wide, 2 heads
+    disable_dropout(model)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    accelerator = SimpleNamespace(
+        device=torch.device("cpu"), num_processes=1, mixed_precision="no", autocast=contextlib.nullcontext
+    )
+    with pytest.raises(
+        UserError, match=r"^grpo: vLLM cannot load the model in .*head_dim=16.*; set rollout.engine=hf$"
+    ):
+        build_engine(RolloutConfig(engine="vllm", cpu_kv_cache_mb=64), "grpo", tmp_path, tokenizer, accelerator, 8)
 
 
 def engine_sequence_logprobs(engine, ids: list[int]) -> torch.Tensor:

@@ -355,8 +355,9 @@ def fingerprint_before_lora_stages(run: RunDir, stage: str, cfg) -> str:
         ("tiny", ()),
         ("tiny", ("model.lora.r=4", "reward.pairs=both")),
         ("tiny", ("model.lora.stages=sft",)),  # LoRA off: whatever the stages
-        ("gpt2-hh", ("model.lora.enabled=true",)),  # LoRA on every stage, as before
-        ("gpt2-hh", ("model.lora.enabled=true", f"model.lora.stages=sft,{LORA_AFTER_SFT}")),  # every stage, named
+        # (rollout.engine=hf: the preset's engine before it chose vLLM when installed, as those runs sampled)
+        ("gpt2-hh", ("model.lora.enabled=true", "rollout.engine=hf")),  # LoRA on every stage, as before
+        ("gpt2-hh", ("model.lora.enabled=true", f"model.lora.stages=sft,{LORA_AFTER_SFT}", "rollout.engine=hf")),
     ],
 )
 def test_runs_with_lora_off_or_on_every_stage_keep_the_fingerprints_they_had(tmp_path, preset, overrides):
