@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,22 @@ def run_script(
             f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         )
     return result
+
+
+def kill_at_first_checkpoint(script: str, output_dir: Path, stage: str, *overrides: str) -> None:
+    """Run a stage script as a user would and SIGKILL it once its first resumable checkpoint is on disk: a crash in
+    the middle of a run. Fails the test if the stage ends or stalls before one; the stage is then not complete."""
+    command = [sys.executable, str(REPO / script), "--preset", "tiny", "--output-dir", str(output_dir), *overrides]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    deadline = time.time() + 300
+    while not (output_dir / stage / "checkpoint" / "state.json").is_file():
+        assert process.poll() is None and time.time() < deadline, (
+            f"{stage} ended or stalled before its first checkpoint"
+        )
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (output_dir / stage / "complete.json").exists()
 
 
 def read_summary(output_dir: Path) -> dict:

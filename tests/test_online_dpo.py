@@ -7,15 +7,11 @@ import hashlib
 import json
 import re
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_TEST_OVERRIDES, read_summary, run_script
+from conftest import TINY_TEST_OVERRIDES, kill_at_first_checkpoint, read_summary, run_script
 from safetensors.torch import load_file
 
 from rlhf.config import OnlineDPOConfig
@@ -159,15 +155,7 @@ def test_killed_online_dpo_resumes_to_the_same_weights(tiny_run, tmp_path):
     for name in ("killed", "straight"):
         runs[name] = tmp_path / name
         shutil.copytree(tiny_run, runs[name])
-    command = [sys.executable, str(REPO / SCRIPT), "--preset", "tiny", "--output-dir", str(runs["killed"]), *overrides]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    deadline = time.time() + 300
-    while not (runs["killed"] / "online_dpo" / "checkpoint" / "state.json").is_file():
-        assert process.poll() is None and time.time() < deadline, "the stage ended or stalled before a checkpoint"
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (runs["killed"] / "online_dpo" / "complete.json").exists()
+    kill_at_first_checkpoint(SCRIPT, runs["killed"], "online_dpo", *overrides)
     resumed = run_script(SCRIPT, runs["killed"], *overrides)
     assert "resumed from iteration" in resumed.stdout
     run_script(SCRIPT, runs["straight"], *overrides)

@@ -12,15 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_TEST_OVERRIDES, read_summary, run_script
+from conftest import TINY_TEST_OVERRIDES, kill_at_first_checkpoint, read_summary, run_script
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -306,23 +302,7 @@ def test_killed_ppo_resumes_to_the_same_weights(rl_run, tmp_path):
     for name in ("killed", "straight"):
         runs[name] = tmp_path / name
         shutil.copytree(rl_run[0], runs[name], ignore=shutil.ignore_patterns("ppo", "grpo"))
-    command = [
-        sys.executable,
-        str(REPO / SCRIPTS["ppo"]),
-        "--preset",
-        "tiny",
-        "--output-dir",
-        str(runs["killed"]),
-        *overrides,
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    deadline = time.time() + 300
-    while not (runs["killed"] / "ppo" / "checkpoint" / "state.json").is_file():
-        assert process.poll() is None and time.time() < deadline, "PPO ended or stalled before its first checkpoint"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (runs["killed"] / "ppo" / "complete.json").exists()
+    kill_at_first_checkpoint(SCRIPTS["ppo"], runs["killed"], "ppo", *overrides)
 
     resumed = run_script(SCRIPTS["ppo"], runs["killed"], *overrides)
     assert "resumed from iteration" in resumed.stdout

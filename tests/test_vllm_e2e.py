@@ -8,14 +8,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
-from conftest import REPO, TINY_TEST_OVERRIDES, read_summary, run_script
+from conftest import TINY_TEST_OVERRIDES, kill_at_first_checkpoint, read_summary, run_script
 from safetensors.torch import load_file
 from test_engines import needs_vllm
 from test_ppo_grpo_e2e import FAST, SCRIPTS
@@ -75,15 +71,7 @@ def test_killed_ppo_through_vllm_resumes_to_the_same_weights(tiny_run, tmp_path)
     for name in ("killed", "straight"):
         runs[name] = tmp_path / name
         shutil.copytree(tiny_run, runs[name])
-    command = [sys.executable, str(REPO / SCRIPTS["ppo"]), "--preset", "tiny", "--output-dir", str(runs["killed"])]
-    process = subprocess.Popen([*command, *overrides], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    deadline = time.time() + 300
-    while not (runs["killed"] / "ppo" / "checkpoint" / "state.json").is_file():
-        assert process.poll() is None and time.time() < deadline, "PPO ended or stalled before its first checkpoint"
-        time.sleep(0.1)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (runs["killed"] / "ppo" / "complete.json").exists()
+    kill_at_first_checkpoint(SCRIPTS["ppo"], runs["killed"], "ppo", *overrides)
 
     resumed = run_script(SCRIPTS["ppo"], runs["killed"], *overrides)
     assert "resumed from iteration" in resumed.stdout
