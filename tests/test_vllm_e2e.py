@@ -1,7 +1,8 @@
 """End to end through the real command line with `rollout.engine=vllm` (vLLM's CPU build, in the .venv-vllm that
 run_tests.sh builds): GRPO trains with the weights pushed into the engine every iteration, logs the engine-vs-trainer
 log-prob mismatch, and ends where the hf engine ends at the same budget, within sampling error; PPO, with
-truncated importance sampling on, is killed after a checkpoint and resumes to the weights of an uninterrupted run."""
+truncated importance sampling on, is killed after a checkpoint and resumes to the weights of an uninterrupted run;
+and collect, RAFT, online DPO and the evaluation sample through the engine too."""
 
 from __future__ import annotations
 
@@ -82,3 +83,31 @@ def test_killed_ppo_through_vllm_resumes_to_the_same_weights(tiny_run, tmp_path)
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     rows = [json.loads(line) for line in (runs["straight"] / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert all(row["ppo/rollout/logprob_abs_diff"] < 1e-3 for row in rows if "ppo/objective/scores" in row)
+
+
+def test_every_other_sampler_runs_through_vllm(tiny_run, tmp_path):
+    """Collect, RAFT, online DPO and the evaluation (best-of-N and the suites included) sample through the engine."""
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    stages = {
+        "part1_reward/collect_pairs.py": ["collect.prompts=16"],
+        "part2_ppo_grpo/train_raft.py": ["raft.rounds=1", "raft.prompts_per_round=32", "raft.eval_prompts=8"],
+        "part3_dpo/train_online_dpo.py": ["online_dpo.total_episodes=64", "online_dpo.eval_prompts=8"],
+        "part4_eval/evaluate.py": [
+            "eval.num_prompts=8",
+            "eval.best_of_n=2",
+            "eval.best_of_n_prompts=2",
+            "eval.judges=gold,reward",
+        ],
+    }
+    every = [override for overrides in stages.values() for override in overrides]  # one config, as a pipeline has
+    for script in stages:
+        run_script(script, run, *TINY_TEST_OVERRIDES, *VLLM, *every)
+    summary = read_summary(run)
+    assert summary["collect"]["samples"] == 64 and summary["collect"]["n_pairs"] > 0
+    assert summary["raft"]["eval_prompts"] == summary["online_dpo"]["eval_prompts"] == 8
+    answered = {path.stem for path in (run / "eval" / "responses").iterdir()}
+    assert {"sft", "raft", "online_dpo", "best_of_2"} <= answered
+    gold = json.loads((run / "eval" / "win_rates.json").read_text())["gold"]
+    assert {"raft_vs_sft", "online_dpo_vs_sft", "best_of_2_vs_sft"} <= set(gold)
+    assert sorted(path.name for path in (run / "eval" / "suites").iterdir())  # the suites were answered
