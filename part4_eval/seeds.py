@@ -29,20 +29,18 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.cli import parse_stage_args, run_stage
+from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
 from rlhf.errors import UserError
-from rlhf.pipeline import stage_command
+from rlhf.launch import launcher_command
 from rlhf.run import METHOD_STAGES, STAGE_SCRIPTS, RunDir, collect_needed, write_json_atomic
 from rlhf.seeds import FEW_SEEDS, aggregate_seed_runs
-from rlhf.signals import Interrupted
+from rlhf.stage_process import preload, run_stage_script
 
 # Seed runs' eval: the spread reads only every model's answers to the eval prompts, which these leave as they are
 # (best-of-N samples on a stream of its own). Tiny preset, 5 models x 300 prompts, shared 2-core CPU (2026-11-26):
@@ -106,27 +104,10 @@ def link_seed_folder(base: RunDir, folder: Path, upstream: list[str]) -> None:
     write_json_atomic(seed_run.summary_path, summary)
 
 
-def run_logged(command: list[str], log_path: Path) -> int:
-    """Run one stage with its output in `log_path`; a stop signal reaches it, so it saves its checkpoint."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w", encoding="utf-8") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-        )
-        try:
-            return process.wait()
-        except Interrupted as stop:
-            # the stage saves a checkpoint and exits (rlhf.signals); Ctrl-C reached it from the terminal already,
-            # and a second signal would make it exit at once
-            if stop.signum != signal.SIGINT:
-                process.send_signal(stop.signum)
-            process.wait()
-            raise
-
-
 def main(argv: list[str] | None = None) -> None:
     # 1. The command line, the run and its config; everything checked before any stage starts.
     args, source = parse_args(argv)
+    preload()  # the libraries every stage imports, once, before any other work (rlhf.stage_process)
     output = ["--output-dir", args.output_dir] if args.output_dir else []
     cfg, run, _ = parse_stage_args("seeds", [*source, *output, *args.overrides])
     flags = shlex.join(source or ["--preset", "tiny"])
@@ -148,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.seeds < FEW_SEEDS:
         print(f"[seeds] warning: {args.seeds} seeds give intervals that cover less than 95% where the seeds matter")
     methods = choose_methods(args.methods, run, cfg)
-    launch = os.environ.get("RLHF_LAUNCH", "")
+    launcher = launcher_command(os.environ.get("RLHF_LAUNCH", ""))
     seeds_dir = run.root / "seeds"
     print(
         f"[seeds] {args.seeds} seeds of {', '.join(methods)} on the {', '.join(upstream)} of {run.root}; "
@@ -183,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             log_path = seeds_dir / "logs" / f"seed_{method_seed}_{stage}.log"
             started = time.perf_counter()
-            code = run_logged(stage_command(stage, [*stage_args, *redo], launch), log_path)
+            code = run_stage_script(REPO_ROOT / STAGE_SCRIPTS[stage], [*stage_args, *redo], log_path, launcher)
             if code != 0:
                 tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-TAIL_LINES:]
                 print("\n".join(tail), file=sys.stderr)
@@ -216,9 +197,8 @@ def main(argv: list[str] | None = None) -> None:
 
     # 4. The run's report, re-rendered to show the spread.
     log_path = seeds_dir / "logs" / "report.log"
-    code = run_logged(
-        stage_command("report", [*source, "--output-dir", str(run.root), *args.overrides, "--force"], launch), log_path
-    )
+    report_args = [*source, "--output-dir", str(run.root), *args.overrides, "--force"]
+    code = run_stage_script(REPO_ROOT / STAGE_SCRIPTS["report"], report_args, log_path, launcher)
     report = f"{run.root / 'report.md'} updated" if code == 0 else f"report not updated (exit {code}; see {log_path})"
     print(f"[seeds] wrote {seeds_dir / 'summary.json'}; {report}")
 

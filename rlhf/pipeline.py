@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import time
 
@@ -33,6 +32,7 @@ from rlhf.errors import UserError
 from rlhf.launch import check_batch_splits, launched_processes, launcher_command, run_launched
 from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed, write_json_atomic
 from rlhf.signals import Interrupted
+from rlhf.stage_process import preload, run_stage_script
 
 
 def select_stages(only: str | None, start: str | None, with_collect: bool = True) -> list[str]:
@@ -84,17 +84,18 @@ def record_pipeline_total(run, seconds: float | None) -> None:
 
 
 def stage_command(stage: str, stage_args: list[str], launch: str) -> list[str]:
-    """The command that runs one stage: its script under `launch` (RLHF_LAUNCH, e.g. "accelerate launch
-    --config_file configs/accelerate/ddp.yaml", `rlhf.launch.launcher_command`), or under this interpreter
-    when `launch` is empty."""
-    return [*(launcher_command(launch) or [sys.executable]), str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args]
+    """The command that starts one stage under `launch` (RLHF_LAUNCH, e.g. "accelerate launch --config_file
+    configs/accelerate/ddp.yaml", `rlhf.launch.launcher_command`)."""
+    return [*launcher_command(launch), str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args]
 
 
 def run_stage_process(stage: str, stage_args: list[str], launch: str) -> tuple[int, str | None]:
-    """Run one stage -> (exit code, its one-line error when a launcher's report of the failure would have
-    buried it, `rlhf.launch.run_launched`; None when the stage said it itself)."""
-    command = stage_command(stage, stage_args, launch)
-    return run_launched(command) if launch else (subprocess.run(command).returncode, None)
+    """Run one stage in its own process (`rlhf.stage_process`), or under `launch` when it is set; -> (exit code,
+    its one-line error when a launcher's report of the failure would have buried it, `rlhf.launch.run_launched`;
+    None when the stage said it itself)."""
+    if launch:
+        return run_launched(stage_command(stage, stage_args, launch))
+    return run_stage_script(REPO_ROOT / STAGE_SCRIPTS[stage], stage_args), None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -115,6 +116,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)  # before torch loads (below): --help and a mistyped flag answer at once
+    preload()  # the libraries every stage imports, once, before any other work (rlhf.stage_process)
     from rlhf.models import check_context_from_config
 
     if args.only and args.start:

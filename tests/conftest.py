@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import pytest
 from fake_openai import server  # noqa: F401  (the fake OpenAI-compatible judge server, for every test module)
 from filelock import FileLock
@@ -37,16 +38,10 @@ def run_script(
     check: bool = True,
     timeout: int = 900,
 ) -> subprocess.CompletedProcess:
-    """Run a stage script as a user would; fail the test with its output when it fails."""
+    """Run a stage script as a user would (in its own process, `forked`); fail the test with its output when it
+    fails."""
     command = [sys.executable, str(REPO / script), "--preset", preset, "--output-dir", str(output_dir), *overrides]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
+    result = forked.run(command, REPO, {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, timeout)
     if check and result.returncode != 0:
         raise AssertionError(
             f"{' '.join(command)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -58,7 +53,7 @@ def kill_at_first_checkpoint(script: str, output_dir: Path, stage: str, *overrid
     """Run a stage script as a user would and SIGKILL it once its first resumable checkpoint is on disk: a crash in
     the middle of a run. Fails the test if the stage ends or stalls before one; the stage is then not complete."""
     command = [sys.executable, str(REPO / script), "--preset", "tiny", "--output-dir", str(output_dir), *overrides]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    process = forked.start(command, REPO, dict(os.environ))
     deadline = time.time() + 300
     while not (output_dir / stage / "checkpoint" / "state.json").is_file():
         assert process.poll() is None and time.time() < deadline, (
@@ -67,6 +62,7 @@ def kill_at_first_checkpoint(script: str, output_dir: Path, stage: str, *overrid
         time.sleep(0.05)
     process.send_signal(signal.SIGKILL)
     process.wait()
+    process.output()
     assert not (output_dir / stage / "complete.json").exists()
 
 

@@ -42,10 +42,9 @@ def test_accelerate_config_folder_holds_exactly_the_documented_files():
     assert "configs/accelerate/" in scaling and all(f"`{name}`" in scaling for name in CONFIGS)
 
 
-def test_rlhf_launch_is_split_like_a_shell_and_defaults_to_this_interpreter():
+def test_rlhf_launch_is_split_like_a_shell():
     script = str(REPO / "part2_ppo_grpo" / "train_ppo.py")
     args = ["--preset", "tiny", "ppo.lr=1e-5"]
-    assert stage_command("ppo", args, "") == [sys.executable, script, *args]
     launch = "accelerate launch --config_file 'configs/accelerate/my ddp.yaml' --num_processes 8"
     assert stage_command("ppo", args, launch) == [
         str(BIN / "accelerate"),  # the launcher beside this interpreter, on PATH or not

@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -21,21 +22,21 @@ from rlhf.signals import Interrupted
 
 
 class FakeStages:
-    """subprocess.run for the pipeline's stage processes: records the stages started and marks each complete for
-    its config, as the stage would; `fail` exits 1."""
+    """`run_stage_script` for the pipeline's stage processes: records the stages started and marks each complete
+    for its config, as the stage would; `fail` exits 1."""
 
     def __init__(self, fail: str | None = None):
         self.started: list[str] = []
         self.fail = fail
 
-    def __call__(self, command: list[str]) -> subprocess.CompletedProcess:
-        stage = next(stage for stage, script in STAGE_SCRIPTS.items() if command[1].endswith(script))
+    def __call__(self, script: Path, args: list[str]) -> int:
+        stage = next(stage for stage, name in STAGE_SCRIPTS.items() if str(script).endswith(name))
         self.started.append(stage)
         if stage == self.fail:
-            return subprocess.CompletedProcess(command, 1)
-        cfg, run, _ = parse_stage_args(stage, command[2:])
+            return 1
+        cfg, run, _ = parse_stage_args(stage, args)
         run.mark_complete(stage, cfg, {})
-        return subprocess.CompletedProcess(command, 0)
+        return 0
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def fake(monkeypatch):
 
     def install(fail: str | None = None) -> FakeStages:
         stages = FakeStages(fail)
-        monkeypatch.setattr(subprocess, "run", stages)
+        monkeypatch.setattr(pipeline, "run_stage_script", stages)
         return stages
 
     return install
@@ -190,10 +191,10 @@ def test_after_force_the_resume_command_does_not_start_the_failed_stage_over(tmp
         f"then bash run_all.sh --from grpo --force --preset tiny --output-dir {out}"
     )
 
-    def interrupted(command):
+    def interrupted(script, args):
         raise Interrupted(signal.SIGINT)  # Ctrl-C while the stage runs
 
-    monkeypatch.setattr(subprocess, "run", interrupted)
+    monkeypatch.setattr(pipeline, "run_stage_script", interrupted)
     with pytest.raises(SystemExit) as exit_info:
         pipeline.main(["--only", "ppo,eval", "--force", "--preset", "tiny", "--output-dir", out])
     assert exit_info.value.code == 130
