@@ -17,8 +17,12 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 if [ $# -gt 0 ] || [ -z "${VLLM_PY:-}" ]; then
   exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile "$@"
 fi
-# The whole suite: the vLLM engine's tests in .venv-vllm (one process, beside the others), the rest in .venv.
+# The whole suite: the vLLM engine's tests in .venv-vllm (one process, beside the others), the rest in .venv; the
+# small tiny run that end-to-end tests copy is built once for both (tests/conftest.py, tiny_run).
+RLHF_TEST_SHARED=$(mktemp -d)
+export RLHF_TEST_SHARED
 vllm_log=$(mktemp)
+trap 'rm -rf "$vllm_log" "$RLHF_TEST_SHARED"' EXIT
 RLHF_REQUIRE_VLLM=1 "$VLLM_PY" -m pytest -p no:cacheprovider -m vllm > "$vllm_log" 2>&1 &
 vllm_pid=$!
 status=0
@@ -27,5 +31,4 @@ vllm_status=0
 wait "$vllm_pid" || vllm_status=$?
 echo "---------- the vLLM engine's tests, in .venv-vllm ----------"
 cat "$vllm_log"
-rm -f "$vllm_log"
 [ "$status" -eq 0 ] && [ "$vllm_status" -eq 0 ]

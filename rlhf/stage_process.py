@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import io
+import logging
 import os
 import runpy
 import signal
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import traceback
+import weakref
 from pathlib import Path
 
 # What every stage imports before it starts work (`python -X importtime part2_ppo_grpo/train_grpo.py ...`): the
@@ -47,13 +49,13 @@ PRELOAD = (
 )
 
 
-_threads_after_preload: int | None = None  # this process's threads once `preload` first ran
+_threads_after_preload: frozenset[str] | None = None  # this process's threads (ids) once `preload` first ran
 
 
 def preload() -> None:
     """Import `PRELOAD` into this process, for the stages forked from it to share, where forking is supported.
-    Call it before any other work: the threads this process has then (numpy's OpenBLAS pool, which re-creates
-    itself in a child) are the only ones a fork may leave behind (`can_fork`)."""
+    Call it before any other work: the threads this process has then (numpy's OpenBLAS pool, which stops itself
+    before a fork and starts again in the child) are the only ones a fork may leave behind (`can_fork`)."""
     global _threads_after_preload
     if not fork_supported():
         return
@@ -73,21 +75,28 @@ def fork_supported() -> bool:
 
 
 def can_fork() -> bool:
-    """Whether a stage may be forked from this process now: it preloaded (`preload`), runs no Python thread but
-    its main one, and has started no thread since the preload, as torch's OpenMP pool would be after its first
-    parallel operation."""
-    return _threads_after_preload is not None and threads() == _threads_after_preload and threading.active_count() == 1
+    """Whether a stage may be forked from this process now: forking is supported, this process preloaded
+    (`preload`), runs no Python thread but its main one, and has started no thread since the preload, as torch's
+    OpenMP pool would be after its first parallel operation."""
+    return (
+        fork_supported()
+        and _threads_after_preload is not None
+        and threads() <= _threads_after_preload
+        and threading.active_count() == 1
+    )
 
 
-def threads() -> int:
-    """The number of threads this process runs (Linux)."""
-    return len(os.listdir("/proc/self/task"))
+def threads() -> frozenset[str]:
+    """The ids of the threads this process runs (Linux)."""
+    return frozenset(os.listdir("/proc/self/task"))
 
 
 def run_as_main(script: str | Path, args: list[str]) -> int:
-    """Run `script` in this process as `python script args...` would: as `__main__`, with its argv, its folder
-    first on sys.path and Python's default SIGINT and SIGTERM handling; -> its exit code (a one-line message
-    of `sys.exit("...")` and the traceback of an uncaught exception are printed, as the interpreter does)."""
+    """In a child forked to run it: run `script` as `python script args...` would, as `__main__`, with its argv, its
+    folder first on sys.path, Python's default SIGINT and SIGTERM handling, and only its own exit work; -> its exit
+    code (a message given to `sys.exit` and the traceback of an uncaught exception are printed, as the interpreter
+    prints them)."""
+    forget_parent_exit_work()
     sys.argv = [str(script), *args]
     sys.path[0] = str(Path(script).resolve().parent)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -103,10 +112,21 @@ def run_as_main(script: str | Path, args: list[str]) -> int:
     except BaseException:  # an uncaught exception ends a process with its traceback and exit code 1
         traceback.print_exc()
         code = 1
-    atexit._run_exitfuncs()  # what the interpreter runs at exit (log handlers, tensorboard writers)
+    atexit._run_exitfuncs()  # the exit work the stage registered (log handlers, its temporary folders)
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     return code
+
+
+def forget_parent_exit_work() -> None:
+    """In a forked child: drop the exit work the parent had registered, which is the parent's to do (removing its
+    temporary folders, releasing its locks), keeping what the child registers from now on. As multiprocessing
+    clears its own finalizer registry in a forked child."""
+    for finalizer in list(weakref.finalize._registry):
+        finalizer.atexit = False
+    atexit._clear()
+    atexit.register(logging.shutdown)  # registered at import by the logging module, which the child shares
+    atexit.register(weakref.finalize._exitfunc)  # registered once per process, at the first finalizer
 
 
 def exit_code(code: object) -> int:

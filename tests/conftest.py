@@ -73,14 +73,18 @@ def read_summary(output_dir: Path) -> dict:
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """data -> sft -> reward on a reduced tiny preset, built once per test run and shared by every end-to-end test:
-    the first worker to need it builds it under a file lock in the folder all workers' temporary folders share,
-    the others wait for it and reuse it.
+    the first worker to need it builds it under a file lock in the folder all workers' temporary folders share
+    (or in RLHF_TEST_SHARED, which run_tests.sh sets for both of its pytest sessions), the others wait for it and
+    reuse it.
 
     Tests that train further stages should copy it (shutil.copytree) rather than write into it.
     """
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # each worker's basetemp is a subfolder of the run's
+    if os.environ.get("RLHF_TEST_SHARED"):  # run_tests.sh: a folder the vLLM tests' session shares too
+        shared = Path(os.environ["RLHF_TEST_SHARED"])
+    else:
+        shared = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            shared = shared.parent  # each worker's basetemp is a subfolder of the run's
     output_dir, built = shared / "tiny_run", shared / "tiny_run.built"
     with FileLock(str(shared / "tiny_run.lock")):
         if not built.exists():

@@ -40,6 +40,21 @@ def test_harness_runs_one_step_of_every_stage(tiny_run, tmp_path):
     assert all(f"| {stage} |" in table for stage in STAGES)
 
 
+@pytest.mark.slow
+def test_stage_start_times_both_ways(tiny_run, tmp_path):
+    command = [sys.executable, str(REPO / "bench" / "stage_start.py"), "--run", str(tiny_run), "--repeats", "1"]
+    done = subprocess.run([*command, "--out", str(tmp_path), *TINY_TEST_OVERRIDES], capture_output=True, text=True)
+    if "nothing to compare" in done.stderr:
+        pytest.skip("stages are not forked here")
+    assert done.returncode == 0, done.stderr[-3000:]
+    [path] = tmp_path.glob("*-stage-start.json")
+    results = json.loads(path.read_text())["results"]
+    assert list(results) == ["complete", "grpo-1-iteration"]
+    for entry in results.values():
+        assert all(len(times) == 1 and times[0] > 0 for times in entry["seconds"].values())
+        assert entry["speedup"] == round(entry["median_s"]["fresh"] / entry["median_s"]["forked"], 2)
+
+
 def test_vs_trl_runs_both_sides_at_their_defaults_and_at_equal_threads(tmp_path, monkeypatch):
     """Both thread settings in every repeat, with both sides' counts recorded; the headline ratio is at the
     defaults. Ours here is pinned to 1 thread (as `<stage>.cpu_threads=1` would), TRL's default is 2."""

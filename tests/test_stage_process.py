@@ -23,12 +23,13 @@ FORKING = stage_process.fork_supported()
 # Runs each fake stage through run_stage_script from a process that preloaded first, as rlhf.pipeline does, and
 # prints one JSON line: how it ran them and what each returned.
 DRIVER = """
-import json, sys
+import json, os, sys, tempfile
 from rlhf.stage_process import can_fork, preload, run_stage_script
 preload()
 mode = "fork" if can_fork() else "fresh"
+mine = tempfile.TemporaryDirectory()  # the driver's: a stage's exit must not remove it
 codes = {name: run_stage_script(name, ["--flag", "value"], output=name + ".log") for name in sys.argv[1:]}
-print(json.dumps({"mode": mode, "codes": codes}))
+print(json.dumps({"mode": mode, "codes": codes, "driver_folder_kept": os.path.isdir(mine.name)}))
 """
 
 STAGES = {
@@ -39,6 +40,11 @@ STAGES = {
         print("to stderr", file=sys.stderr)
     """,
     "exit3.py": "import sys; sys.exit(3)",
+    "tempdir.py": """
+        import tempfile
+        folder = tempfile.TemporaryDirectory()  # not cleaned up by the script: its exit removes it
+        open("tempdir.txt", "w").write(folder.name)
+    """,
     "message.py": "import sys; sys.exit('error: a one-line message')",
     "raises.py": "raise ValueError('not caught')",
     "killed.py": """
@@ -64,7 +70,16 @@ def run_driver(folder: Path, fork: bool) -> dict:
 def test_a_stage_runs_as_python_script_would(tmp_path, fork):
     result = run_driver(tmp_path, fork)
     assert result["mode"] == ("fork" if fork and FORKING else "fresh")
-    assert result["codes"] == {"ok.py": 0, "exit3.py": 3, "message.py": 1, "raises.py": 1, "killed.py": -9}
+    assert result["codes"] == {
+        "ok.py": 0,
+        "exit3.py": 3,
+        "tempdir.py": 0,
+        "message.py": 1,
+        "raises.py": 1,
+        "killed.py": -9,
+    }
+    # each process does its own exit work: the stage's temporary folder is gone, the driver's kept
+    assert result["driver_folder_kept"] and not Path((tmp_path / "tempdir.txt").read_text()).exists()
     lines = (tmp_path / "ok.py.log").read_text().splitlines()
     seen = json.loads(lines[0])
     assert seen["argv"] == ["--flag", "value"] and seen["name"] == "__main__"
@@ -134,17 +149,21 @@ def test_a_stop_signal_reaches_the_stage_once_and_stops_the_driver(tmp_path, for
 
 
 def test_no_fork_from_a_process_that_started_threads(monkeypatch):
-    """A thread started after the preload (torch's OpenMP pool, a test runner's) makes the stages start fresh."""
+    """A thread started after the preload (torch's OpenMP pool, a test runner's) makes the stages start fresh; one
+    that stopped since (OpenBLAS stops its pool before each fork) does not."""
     if not FORKING:
         pytest.skip("forking stages is not supported here (rlhf.stage_process.fork_supported)")
-    monkeypatch.setattr(threading, "active_count", lambda: 1)  # the test runner's own threads aside
-    monkeypatch.setattr(stage_process, "_threads_after_preload", stage_process.threads())
+    now = stage_process.threads()
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # the test runner's own Python threads aside
+    monkeypatch.setattr(stage_process, "_threads_after_preload", now)
     assert stage_process.can_fork()
-    monkeypatch.setattr(stage_process, "_threads_after_preload", stage_process.threads() - 1)
+    monkeypatch.setattr(stage_process, "_threads_after_preload", now | {"a thread that has stopped"})
+    assert stage_process.can_fork()
+    monkeypatch.setattr(stage_process, "_threads_after_preload", frozenset(sorted(now)[:-1]))  # one started since
     assert not stage_process.can_fork()
     monkeypatch.setattr(stage_process, "_threads_after_preload", None)  # never preloaded
     assert not stage_process.can_fork()
-    monkeypatch.setattr(stage_process, "_threads_after_preload", stage_process.threads())
+    monkeypatch.setattr(stage_process, "_threads_after_preload", now)
     monkeypatch.setattr(threading, "active_count", lambda: 2)  # a Python thread
     assert not stage_process.can_fork()
 
