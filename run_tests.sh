@@ -11,11 +11,12 @@ source scripts/env.sh
 "$PY" -m ruff check .
 "$PY" -m ruff format --check .
 # One worker per core (RLHF_TEST_WORKERS overrides; 0 runs in this process), each test file on one worker so
-# that its module fixtures are built once, and one torch thread per worker: two workers' threads then never
-# spin against each other on a small machine (docs/performance.md).
+# that its module fixtures are built once, the files in collection order (the slowest first, tests/conftest.py;
+# xdist would otherwise start the files with the most tests first), and one torch thread per worker: two
+# workers' threads then never spin against each other on a small machine (docs/performance.md).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 if [ $# -gt 0 ] || [ -z "${VLLM_PY:-}" ]; then
-  exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile "$@"
+  exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder "$@"
 fi
 # The whole suite: the vLLM engine's tests in .venv-vllm (one process, beside the others), the rest in .venv; the
 # small tiny run that end-to-end tests copy is built once for both (tests/conftest.py, tiny_run).
@@ -26,7 +27,7 @@ trap 'rm -rf "$vllm_log" "$RLHF_TEST_SHARED"' EXIT
 RLHF_REQUIRE_VLLM=1 "$VLLM_PY" -m pytest -p no:cacheprovider -m vllm > "$vllm_log" 2>&1 &
 vllm_pid=$!
 status=0
-"$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile -m "not vllm" || status=$?
+"$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder -m "not vllm" || status=$?
 vllm_status=0
 wait "$vllm_pid" || vllm_status=$?
 echo "---------- the vLLM engine's tests, in .venv-vllm ----------"

@@ -67,10 +67,10 @@ def main() -> None:
         for stage in ("data", "sft", "reward"):
             shutil.copytree(run / stage, copy / stage, symlinks=True)
         shutil.copy(run / "summary.json", copy / "summary.json")
-        base = ["--preset", "tiny", "--output-dir", str(copy), *args.overrides]
+        base, overrides = ["--preset", "tiny", "--output-dir", str(copy)], [*args.overrides, *ONE_ITERATION]
         log = Path(folder) / "stage.log"
-        timed([*base, *ONE_ITERATION], fork=False, log=log)  # GRPO complete, and the files cached
-        workloads = {"complete": [*base, *ONE_ITERATION], "grpo-1-iteration": [*base, "--force", *ONE_ITERATION]}
+        timed([*base, *overrides], fork=False, log=log)  # GRPO complete, and the files cached
+        workloads = {"complete": [*base, *overrides], "grpo-1-iteration": [*base, "--force", *overrides]}
         results = {}
         for name, stage_args in workloads.items():
             times = {"fresh": [], "forked": []}

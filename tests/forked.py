@@ -21,8 +21,9 @@ from pathlib import Path
 
 from rlhf.stage_process import PRELOAD, fork_supported, redirect_output, run_as_main
 
-# Variables read when they are used, not when a preloaded library is imported: a test may set them.
-RUNTIME_VARIABLES = ("RLHF_", "OPENAI_", "PYTHONUNBUFFERED")
+# Variables read when they are used, not when a preloaded library is imported: a test may set them, and pytest
+# sets PYTEST_CURRENT_TEST to each test's name.
+RUNTIME_VARIABLES = ("RLHF_", "OPENAI_", "PYTHONUNBUFFERED", "PYTEST_")
 
 _context = None
 _server_environment: dict[str, str] = {}

@@ -179,3 +179,14 @@ def test_forking_is_off_where_it_is_unsafe_or_turned_off(monkeypatch):
 
     monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)  # a CUDA build: CUDA does not survive a fork
     assert not stage_process.fork_supported()
+
+
+def test_the_tests_fork_their_stage_scripts_unless_a_library_may_have_read_the_environment_at_import():
+    import forked
+
+    if not FORKING:
+        pytest.skip("forking stages is not supported here (rlhf.stage_process.fork_supported)")
+    same = {**os.environ, "PYTEST_CURRENT_TEST": "another test (call)", "PYTHONUNBUFFERED": "1"}
+    assert forked.forkable({**same, "RLHF_FAULT": "kill@checkpoint:2", "OPENAI_API_KEY": "sk-test"})
+    assert not forked.forkable({**same, "HF_HUB_OFFLINE": "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1"})
+    assert not forked.forkable({key: value for key, value in same.items() if key != "PATH"})
