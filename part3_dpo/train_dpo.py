@@ -11,10 +11,11 @@ The loss is `rlhf.losses.DPO_LOSSES[dpo.loss_type]` ("sigmoid" DPO, "ipo", "cdpo
 log-probs of the response tokens and EOS; IPO gets length-averaged log-probs
 (`DPO_AVERAGES_LOGPS`). With `dpo.length_heuristic` = w > 0 (sigmoid only) the labels are read as a rater who
 picks the longer response with probability w (`rlhf.losses.length_heuristic_dpo_loss`), so DPO does not learn
-"longer is better" from them. The implicit reward of a response is beta * (log pi - log pi_ref). A pair is
-one `[prompt][chosen][rejected]` row (`rlhf.batching.collate_shared_prompt_pairs`, as the reward
-model's): the prompt is computed once for both responses, and each response token's log-prob is
-what its own `[prompt][response]` row gives.
+"longer is better" from them. With `dpo.rpo_alpha` > 0 the chosen responses' per-token NLL is added, times
+rpo_alpha (RPO, Pang et al. 2024, arXiv 2404.19733; `rlhf.losses.chosen_nll_loss`). The implicit reward of a
+response is beta * (log pi - log pi_ref). A pair is one `[prompt][chosen][rejected]` row
+(`rlhf.batching.collate_shared_prompt_pairs`, as the reward model's): the prompt is computed once for both
+responses, and each response token's log-prob is what its own `[prompt][response]` row gives.
 
 With `dpo.precompute_ref=true` (default) the reference log-probs of every pair are computed once,
 forward-only, and cached in `<run>/dpo/ref_logps.safetensors` under a fingerprint of the SFT
@@ -55,7 +56,7 @@ from rlhf.checkpoint import save_pretrained_atomic
 from rlhf.cli import run_stage, start_stage
 from rlhf.config import Config
 from rlhf.data import read_jsonl, write_jsonl
-from rlhf.dpo import OnTheFlyReference, PrecomputedReference, Throughput, make_loss_fn, split_logps
+from rlhf.dpo import OnTheFlyReference, PrecomputedReference, Throughput, add_chosen_nll, make_loss_fn, split_logps
 from rlhf.errors import UserError
 from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, length_heuristic_dpo_loss
@@ -102,6 +103,8 @@ def validate(cfg: Config) -> None:
         raise UserError(f"dpo.length_heuristic must be in [0, 1), got {d.length_heuristic}")
     if d.length_heuristic and d.loss_type != "sigmoid":
         raise UserError(f"dpo.length_heuristic is a rater model for dpo.loss_type=sigmoid, not {d.loss_type}")
+    if d.rpo_alpha < 0:
+        raise UserError(f"dpo.rpo_alpha must be >= 0 (0: plain DPO), got {d.rpo_alpha}")
     if d.max_train_pairs is not None and d.max_train_pairs < d.batch_size:
         raise UserError(
             f"dpo.max_train_pairs={d.max_train_pairs} is fewer than one batch (dpo.batch_size={d.batch_size})"
@@ -261,16 +264,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     throughput = Throughput(accelerator)
     loss_fn = make_loss_fn(
-        dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, reference, throughput, dcfg.length_heuristic
+        dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, reference, throughput, dcfg.length_heuristic, dcfg.rpo_alpha
     )
     has_gold = {split: "gold_chosen" in rows[split][0] for split in rows}
 
     def evaluate_split(model, split) -> dict[str, float]:
         """Implicit-reward preference accuracy (and the loss's other stats) on a held-out split."""
         policy_logps, ref = score_split(model, split), reference.split(split)  # (N, 2) each
+        cap = truncation[1]  # lengths as collated
+        chosen_lengths = torch.tensor([min(len(pair.chosen_ids), cap) for pair in pairs[split]])  # (N,)
         if dcfg.length_heuristic:
-            cap = truncation[1]  # lengths as collated
-            chosen_lengths = torch.tensor([min(len(pair.chosen_ids), cap) for pair in pairs[split]])
             rejected_lengths = torch.tensor([min(len(pair.rejected_ids), cap) for pair in pairs[split]])
             longer = length_order(chosen_lengths, rejected_lengths)  # (N,)
             loss, stats = length_heuristic_dpo_loss(
@@ -280,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
             loss, stats = DPO_LOSSES[dcfg.loss_type](
                 policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1], dcfg.beta, dcfg.label_smoothing
             )
+        loss, stats = add_chosen_nll(loss, stats, policy_logps[:, 0], chosen_lengths, dcfg.rpo_alpha, average)
         metrics = {f"dpo/{split}/loss": loss.item(), **{f"dpo/{split}/{k}": v.item() for k, v in stats.items()}}
         if has_gold[split]:
             implicit_prefers_chosen = ((policy_logps[:, 0] - ref[:, 0]) > (policy_logps[:, 1] - ref[:, 1])).tolist()
@@ -334,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         "beta": dcfg.beta,
         "label_smoothing": dcfg.label_smoothing,
         "length_heuristic": dcfg.length_heuristic,
+        "rpo_alpha": dcfg.rpo_alpha,
         "steps": loop["steps"],
         "pairs": dcfg.pairs,
         "train_pairs": len(pairs["train"]),

@@ -22,7 +22,8 @@ labels the policy's own samples instead. Each iteration:
    other method starts); `iteration` uses the sampling policy itself, iterative DPO's choice, which lets each
    step move beta-far from the last;
 4. `online_dpo.epochs` DPO steps on the pairs (`rlhf.losses.DPO_LOSSES`, the offline stage's loss, through
-   `rlhf.dpo.make_loss_fn`).
+   `rlhf.dpo.make_loss_fn`), plus `online_dpo.rpo_alpha` x the chosen samples' per-token NLL when it is set
+   (iterative RPO, Pang et al. 2024, arXiv 2404.19733).
 One optimizer and one learning-rate schedule run across the iterations.
 """
 
@@ -245,7 +246,12 @@ def main(argv: list[str] | None = None) -> None:
 
         # 4d. DPO steps on the pairs, in micro-batches of near-equal size (gradients averaged over processes).
         loss_fn = make_loss_fn(
-            ocfg.loss_type, ocfg.beta, ocfg.label_smoothing, reference, length_heuristic=ocfg.length_heuristic
+            ocfg.loss_type,
+            ocfg.beta,
+            ocfg.label_smoothing,
+            reference,
+            length_heuristic=ocfg.length_heuristic,
+            rpo_alpha=ocfg.rpo_alpha,
         )
         order = sorted(range(len(pairs)), key=lambda i: shared_prompt_pair_length(pairs[i]))  # little padding
         micro = [
@@ -360,6 +366,7 @@ def main(argv: list[str] | None = None) -> None:
             "reference": ocfg.reference,
             "loss_type": ocfg.loss_type,
             "beta": ocfg.beta,
+            "rpo_alpha": ocfg.rpo_alpha,
             "reward_source": reward_source.spec if annotator is None else None,
             "pairs_kept_rate": metrics.get("online_dpo/pairs/kept_rate") if trained else None,
             "train_score_mean": metrics.get("online_dpo/objective/scores") if trained else None,

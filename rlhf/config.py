@@ -188,6 +188,9 @@ class DPOConfig(TrainConfig):
     # sigmoid only: the share w of labels given by length alone (rlhf.losses.length_heuristic_dpo_loss); 0 is DPO.
     # The reward stage's reward.length_heuristic learns it from the same labels (reward_model.length_heuristic_weight)
     length_heuristic: float = 0.0
+    # RPO (Pang et al. 2024): add rpo_alpha x the chosen responses' per-token NLL to the loss
+    # (rlhf.losses.chosen_nll_loss), which keeps them likely while the DPO term widens the gap; 0 is the loss alone
+    rpo_alpha: float = 0.0
     # reference logps from one forward-only pass, cached in <run>/dpo/; false: reference model kept in memory
     precompute_ref: bool = True
     # training pairs: "dataset" (data/train.jsonl), "collected" (the collect stage's pairs of SFT samples) or "both"
@@ -354,11 +357,12 @@ class OnlineDPOConfig(RLConfig):
 
     lr: float = 5e-7  # Guo et al. 2024 use 5e-7 on PaLM 2; the tiny preset sets its own
     epochs: int = 1  # DPO steps on each iteration's pairs (1: every step on fresh samples, as Guo et al.)
-    # key of rlhf.losses.DPO_LOSSES, beta, label_smoothing and length_heuristic: as the dpo section's
+    # key of rlhf.losses.DPO_LOSSES, beta, label_smoothing, length_heuristic and rpo_alpha: as the dpo section's
     loss_type: str = "sigmoid"
     beta: float = 0.1
     label_smoothing: float = 0.0
     length_heuristic: float = 0.0
+    rpo_alpha: float = 0.0
     samples_per_prompt: int = 2  # K responses per prompt; the judge's best and worst of them form the pair
     # who labels the pairs: "reward" ranks the K samples by online_dpo.reward (the run's reward model by default,
     # minus missing_eos_penalty for a response without EOS) and pairs the best with the worst; "simulated" or

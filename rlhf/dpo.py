@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from rlhf.batching import EncodedPair, chosen_longer, shared_prompt_pair_length
-from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, length_heuristic_dpo_loss
+from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, chosen_nll_loss, length_heuristic_dpo_loss
 from rlhf.models import shared_prompt_response_logprobs
 from rlhf.ops import sequence_logps
 from rlhf.rl.stats import peak_memory_mb
@@ -23,9 +23,23 @@ def pair_logps(model, batch: dict, average: bool) -> tuple[torch.Tensor, torch.T
     `[prompt][chosen][rejected]` with the prompt computed once for both: sums over each response's own
     columns (response + EOS, never prompt or pad), or means when `average` (IPO)."""
     logprobs = shared_prompt_response_logprobs(model, batch)  # (B, T)
-    chosen_columns = batch["chosen_mask"] & ~batch["rejected_mask"]  # (B, T): the chosen response alone
-    rejected_columns = batch["rejected_mask"] & ~batch["chosen_mask"]
+    chosen_columns, rejected_columns = response_columns(batch)  # (B, T) each
     return sequence_logps(logprobs, chosen_columns, average), sequence_logps(logprobs, rejected_columns, average)
+
+
+def response_columns(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) masks of the chosen response's own columns and the rejected one's (response + EOS, no prompt, no pad)."""
+    return batch["chosen_mask"] & ~batch["rejected_mask"], batch["rejected_mask"] & ~batch["chosen_mask"]
+
+
+def add_chosen_nll(loss, stats, policy_chosen_logps, chosen_tokens, rpo_alpha: float, average: bool):
+    """RPO: the DPO-family loss plus rpo_alpha x the chosen responses' per-token NLL (`rlhf.losses.chosen_nll_loss`),
+    logged as `nll/chosen`; rpo_alpha = 0 returns the loss unchanged. Length-averaged logps (IPO) are per token
+    already."""
+    if not rpo_alpha:
+        return loss, stats
+    nll = chosen_nll_loss(policy_chosen_logps, torch.ones_like(chosen_tokens) if average else chosen_tokens)
+    return loss + rpo_alpha * nll, {**stats, "nll/chosen": nll.detach()}
 
 
 def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accelerator, average: bool) -> torch.Tensor:
@@ -96,10 +110,12 @@ def make_loss_fn(
     reference,
     extra_stats=lambda batch: {},
     length_heuristic: float = 0.0,
+    rpo_alpha: float = 0.0,
 ):
     """fit()'s loss: policy log-probs (one concatenated forward) vs reference log-probs, through
     the loss chosen from the table, or with `length_heuristic` > 0 (sigmoid only) the length-heuristic
-    rater's; the stats are the loss's own (rewards/*, logps/*) plus `extra_stats`."""
+    rater's, plus `rpo_alpha` x the chosen responses' per-token NLL (RPO; 0: none); the stats are the loss's
+    own (rewards/*, logps/*, nll/chosen) plus `extra_stats`."""
     loss_impl, average = DPO_LOSSES[loss_type], DPO_AVERAGES_LOGPS[loss_type]
 
     def loss_fn(model, batch):
@@ -111,6 +127,8 @@ def make_loss_fn(
             )
         else:
             loss, stats = loss_impl(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta, label_smoothing)
+        chosen_tokens = response_columns(batch)[0].sum(-1)  # (B,)
+        loss, stats = add_chosen_nll(loss, stats, policy_chosen, chosen_tokens, rpo_alpha, average)
         return loss, {**stats, **extra_stats(batch)}
 
     return loss_fn

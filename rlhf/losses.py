@@ -228,6 +228,15 @@ def cdpo_loss(
     return loss, _dpo_stats(chosen_log_ratio, rejected_log_ratio, policy_chosen_logps, policy_rejected_logps, beta)
 
 
+def chosen_nll_loss(policy_chosen_logps: Tensor, chosen_tokens: Tensor) -> Tensor:
+    """The chosen responses' negative log-likelihood per token, −mean_i log π(y_w,i | x_i) / |y_w,i|: the term
+    that RPO adds to DPO with weight α (Pang et al. 2024, "Iterative Reasoning Preference Optimization", arXiv
+    2404.19733, their DPO+NLL loss; TRL's `rpo_alpha`). It keeps the chosen responses likely while the DPO term
+    widens the gap between the two, which DPO alone can do by making both less likely. Sequence-summed logps (B,)
+    and each chosen response's token count (B,); pass counts of 1 for length-averaged logps (IPO)."""
+    return -(upcast(policy_chosen_logps) / chosen_tokens.to(torch.float32)).mean()
+
+
 DPO_LOSSES = {"sigmoid": dpo_loss, "ipo": ipo_loss, "cdpo": cdpo_loss}
 # Whether the stage should pass length-averaged logps (sequence_logps(average=True)).
 DPO_AVERAGES_LOGPS = {"sigmoid": False, "ipo": True, "cdpo": False}

@@ -54,6 +54,8 @@ def check_online_dpo_config(ocfg: OnlineDPOConfig) -> None:
         raise UserError(
             f"online_dpo.length_heuristic={ocfg.length_heuristic} must be in [0, 1) and needs loss_type=sigmoid"
         )
+    if ocfg.rpo_alpha < 0:
+        raise UserError(f"online_dpo.rpo_alpha must be >= 0 (0: plain DPO), got {ocfg.rpo_alpha}")
     if ocfg.judge not in JUDGES:
         raise UserError(f"online_dpo.judge='{ocfg.judge}' is not one of: {', '.join(JUDGES)}")
     if ocfg.reference not in REFERENCES:

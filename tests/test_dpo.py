@@ -19,6 +19,7 @@ from rlhf.config import load_config
 from rlhf.errors import UserError
 from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
 from rlhf.models import disable_dropout
+from rlhf.online_dpo import check_online_dpo_config
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("train_dpo", REPO / "part3_dpo" / "train_dpo.py")
@@ -215,6 +216,31 @@ def test_length_heuristic_loss_reads_the_collated_lengths():
     h = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
     expected = -torch.log(0.2 * longer + 0.8 * torch.sigmoid(0.3 * h)).mean()
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
+def test_rpo_adds_alpha_times_the_chosen_per_token_nll_of_the_collated_tokens(loss_type):
+    policy, ref = tiny_lm(0), tiny_lm(1)
+    pairs = random_pairs(4, seed=4)
+    batch = collate_indexed(pairs)([0, 1, 2, 3])
+    average = DPO_AVERAGES_LOGPS[loss_type]
+    reference = dpo.OnTheFlyReference(ref, average, None, CPU)
+    plain, plain_stats = dpo.make_loss_fn(loss_type, 0.3, 0.0, reference)(policy, batch)
+    rpo, rpo_stats = dpo.make_loss_fn(loss_type, 0.3, 0.0, reference, rpo_alpha=0.7)(policy, batch)
+    assert "nll/chosen" not in plain_stats
+    # −log p(chosen) per token, from unpadded single-row forwards over the 6 collated response tokens
+    per_token = [by_hand_response_logp(policy, p.prompt_ids[-8:], p.chosen_ids[:6], True) for p in pairs]
+    expected_nll = -sum(per_token) / len(per_token)
+    assert rpo_stats["nll/chosen"].item() == pytest.approx(expected_nll, abs=1e-5)
+    assert rpo.item() == pytest.approx(plain.item() + 0.7 * expected_nll, abs=1e-5)
+
+
+@pytest.mark.parametrize("section", ["dpo", "online_dpo"])
+def test_a_negative_rpo_alpha_is_refused_at_start_up(section):
+    cfg = load_config(REPO / "configs" / "tiny.yaml", [f"{section}.rpo_alpha=-1"])
+    check = train_dpo.validate if section == "dpo" else lambda c: check_online_dpo_config(c.online_dpo)
+    with pytest.raises(UserError, match=f"{section}.rpo_alpha"):
+        check(cfg)
 
 
 def test_reference_cache_loads_only_splits_with_their_own_fingerprint(tmp_path):

@@ -11,6 +11,7 @@ from rlhf.losses import (
     GRPO_NORMALIZERS,
     bradley_terry_loss,
     cdpo_loss,
+    chosen_nll_loss,
     dpo_loss,
     grpo_loss,
     ipo_loss,
@@ -259,6 +260,15 @@ def test_dpo_family_gradient_raises_chosen_and_lowers_rejected(name):
 def test_dpo_tables_agree():
     assert set(DPO_LOSSES) == set(DPO_AVERAGES_LOGPS) == {"sigmoid", "ipo", "cdpo"}
     assert DPO_AVERAGES_LOGPS == {"sigmoid": False, "ipo": True, "cdpo": False}
+
+
+def test_chosen_nll_is_the_per_token_nll_of_the_chosen_responses_by_hand():
+    # log-probs −6 over 3 tokens and −2 over 4 tokens: per token −2 and −0.5, NLL (2 + 0.5) / 2 = 1.25
+    close(chosen_nll_loss(f64([-6.0, -2.0]), torch.tensor([3, 4])), 1.25)
+    # its gradient raises each chosen log-prob, a short response's more per unit of log-prob: −1/(2·3), −1/(2·4)
+    logps = f64([-6.0, -2.0]).requires_grad_()
+    chosen_nll_loss(logps, torch.tensor([3, 4])).backward()
+    assert logps.grad.tolist() == pytest.approx([-1 / 6, -1 / 8])
 
 
 @pytest.mark.parametrize("loss_fn", [dpo_loss, ipo_loss])
