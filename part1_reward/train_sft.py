@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         results["val_rougeL"] = rouge_l(greedy_texts, [reference_by_prompt[p] for p in rouge_prompts])
         logger.log(loop["steps"], {"sft/val/rougeL": results["val_rougeL"]})
 
-    # 6. On the embedded task, the gold judge says how good the SFT policy's samples are.
-    if cfg.data.path == "embedded":
+    # 6. On the embedded task, the gold judge says how good the SFT policy's samples are (sft.gold_eval_prompts=0: not).
+    if cfg.data.path == "embedded" and cfg.sft.gold_eval_prompts > 0:
         eval_prompts = prompts[: cfg.sft.gold_eval_prompts]
         sampling = SamplingConfig(cfg.data.max_response_tokens, temperature=cfg.sft.temperature)
         torch.manual_seed(cfg.run.seed)

@@ -62,6 +62,7 @@ from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import flat_reward_warning, gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, rollout_logprobs, score_rollout
 from rlhf.run import stage_seed
+from rlhf.sharding import prepare_trained_model
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
 
@@ -130,9 +131,8 @@ def main(argv: list[str] | None = None) -> None:
         "eval_reference": eval_reference if reference is None else None,
     }
     frozen_before = frozen_digests(frozen_roles)
-    optimizer = build_optimizer(policy, gcfg)
+    policy, optimizer, whole = prepare_trained_model(accelerator, policy, lambda m: build_optimizer(m, gcfg))
     scheduler = build_scheduler(optimizer, gcfg, plan.optimizer_steps)
-    policy, optimizer = accelerator.prepare(policy, optimizer)
     engine = build_engine(cfg.rollout, "grpo", run.model_dir("sft"), tokenizer, accelerator, gcfg.forward_batch_size)
     accelerator.print(
         f"[grpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x G={G}; policy "
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         measured = held_out_eval(
             "grpo",
             engine,
-            accelerator.unwrap_model(policy),
+            whole.of(policy),
             eval_reference,
             reward_model,
             tokenizer,
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         local_rows, rollout = sample_train_batch(
             engine,
-            accelerator.unwrap_model(policy),
+            whole.of(policy),
             prompts,
             plan.prompts_per_iteration,
             iteration,
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         if checkpoint_due(accelerator, gcfg.save_every, iteration, plan.iterations):
             save_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
-    unwrapped = accelerator.unwrap_model(policy)
+    unwrapped = whole.of(policy)
     costs = loop_costs(
         time.perf_counter() - loop_start - eval_s,
         (iteration - resumed_from) * gcfg.batch_size,

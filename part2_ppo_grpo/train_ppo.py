@@ -79,6 +79,7 @@ from rlhf.rollout import (
     score_rollout,
 )
 from rlhf.run import stage_seed
+from rlhf.sharding import prepare_trained_model
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_scheduler, make_accelerator, optimizer_step
 
@@ -151,9 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     reference = reference_policy(policy, run.model_dir("sft"), device)
     frozen_roles = {"reference": reference, "reward": reward_model}
     frozen_before = frozen_digests(frozen_roles)
-    optimizer = build_ppo_optimizer(model, pcfg)
+    model, optimizer, whole = prepare_trained_model(accelerator, model, lambda m: build_ppo_optimizer(m, pcfg))
     scheduler = build_scheduler(optimizer, pcfg, plan.optimizer_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
     engine = build_engine(cfg.rollout, "ppo", run.model_dir("sft"), tokenizer, accelerator, pcfg.forward_batch_size)
     kl_controller = make_kl_controller(pcfg)
     accelerator.print(
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         measured = held_out_eval(
             "ppo",
             engine,
-            accelerator.unwrap_model(model).policy,
+            whole.of(model).policy,
             reference,
             reward_model,
             tokenizer,
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         model.eval()
         local_rows, rollout = sample_train_batch(
             engine,
-            accelerator.unwrap_model(model).policy,
+            whole.of(model).policy,
             prompts,
             plan.prompts_per_iteration,
             iteration,
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
             save_rl_checkpoint(
                 "ppo", run, cfg, accelerator, model, optimizer, scheduler, iteration, kl_coef=kl_controller.value
             )
-    unwrapped = accelerator.unwrap_model(model)
+    unwrapped = whole.of(model)
     costs = loop_costs(
         time.perf_counter() - loop_start - eval_s,
         (iteration - resumed_from) * pcfg.batch_size,

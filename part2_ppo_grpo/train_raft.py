@@ -51,6 +51,7 @@ from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, score_rollout
 from rlhf.run import stage_seed
+from rlhf.sharding import prepare_trained_model
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss, train_step
 
@@ -106,9 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     sft_policy = reference_policy(policy, run.model_dir("sft"), device) if rcfg.eval_every else None
     frozen_roles = {"reward": reward_model, "sft": sft_policy}
     frozen_before = frozen_digests(frozen_roles)
-    optimizer = build_optimizer(policy, rcfg)
+    policy, optimizer, whole = prepare_trained_model(accelerator, policy, lambda m: build_optimizer(m, rcfg))
     scheduler = build_scheduler(optimizer, rcfg, plan.optimizer_steps)
-    policy, optimizer = accelerator.prepare(policy, optimizer)
     engine = build_engine(cfg.rollout, "raft", run.model_dir("sft"), tokenizer, accelerator, rcfg.eval_batch_size)
     accelerator.print(
         f"[raft] {rcfg.rounds} rounds x {rcfg.prompts_per_round} prompts x N={N}, top {rcfg.top_k} kept: "
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         measured = held_out_eval(
             "raft",
             engine,
-            accelerator.unwrap_model(policy),
+            whole.of(policy),
             sft_policy,
             reward_model,
             tokenizer,
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         local_rows, rollout = sample_train_batch(
             engine,
-            accelerator.unwrap_model(policy),
+            whole.of(policy),
             prompts,
             rcfg.prompts_per_round,
             round_index,
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         if checkpoint_due(accelerator, rcfg.save_every, round_index, rcfg.rounds):
             save_rl_checkpoint("raft", run, cfg, accelerator, policy, optimizer, scheduler, round_index)
-    unwrapped = accelerator.unwrap_model(policy)
+    unwrapped = whole.of(policy)
     costs = loop_costs(
         time.perf_counter() - loop_start - eval_s,
         (round_index - resumed_from) * rcfg.prompts_per_round * N,

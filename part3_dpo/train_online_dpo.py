@@ -65,6 +65,7 @@ from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import SamplingConfig, score_rollout
 from rlhf.run import stage_seed
+from rlhf.sharding import prepare_trained_model
 from rlhf.signals import checkpoint_due
 from rlhf.training import build_optimizer, build_scheduler, make_accelerator, train_step
 
@@ -141,9 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     sft_policy = reference_policy(policy, run.model_dir("sft"), device)
     frozen_roles = {"reward": reward_model, "sft": sft_policy}
     frozen_before = frozen_digests(frozen_roles)
-    optimizer = build_optimizer(policy, ocfg)
+    policy, optimizer, whole = prepare_trained_model(accelerator, policy, lambda m: build_optimizer(m, ocfg))
     scheduler = build_scheduler(optimizer, ocfg, plan.optimizer_steps)
-    policy, optimizer = accelerator.prepare(policy, optimizer)
     engine = build_engine(
         cfg.rollout, "online_dpo", run.model_dir("sft"), tokenizer, accelerator, ocfg.forward_batch_size
     )
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         measured = held_out_eval(
             "online_dpo",
             engine,
-            accelerator.unwrap_model(policy),
+            whole.of(policy),
             sft_policy,
             reward_model,
             tokenizer,
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         local_rows, rollout = sample_train_batch(
             engine,
-            accelerator.unwrap_model(policy),
+            whole.of(policy),
             prompts,
             plan.prompts_per_iteration,
             iteration,
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
             # DPO gradient is exactly zero (chosen and rejected log-probs move together)
             pairs = [EncodedPair(prompts.train_ids[local_rows[0]], response_ids[0], response_ids[0])]
         # 4c. Reference log-probs of the pairs: the SFT policy, or the sampling policy itself (no grad either way).
-        ref_model = sft_policy if ocfg.reference == "sft" else accelerator.unwrap_model(policy)
+        ref_model = sft_policy if ocfg.reference == "sft" else whole.of(policy)
         ref_logps = local_pair_logps(ref_model, pairs, collate, ocfg.forward_batch_size, accelerator, average)
         reference = PrecomputedReference({"train": ref_logps})  # (n, 2), looked up by batch["index"]
         t2 = time.perf_counter()
@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         if checkpoint_due(accelerator, ocfg.save_every, iteration, plan.iterations):
             save_rl_checkpoint("online_dpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
-    unwrapped = accelerator.unwrap_model(policy)
+    unwrapped = whole.of(policy)
     costs = loop_costs(
         time.perf_counter() - loop_start - eval_s,
         (iteration - resumed_from) * ocfg.batch_size,

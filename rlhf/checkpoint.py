@@ -25,6 +25,8 @@ from safetensors.torch import load_file, save_file
 
 from rlhf.errors import UserError
 from rlhf.fault_points import fault_point
+from rlhf.sharding import load_training_state as restore_training_state
+from rlhf.sharding import trainable_names, training_state
 
 STATE_FILE = "state.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -135,17 +137,17 @@ def _set_rng_state(state: dict) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))  # noqa: NPY002
 
 
-def trainable_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Name -> tensor of every parameter that requires grad, each shared one once (GPT-2's lm_head = wte)."""
-    return {name: param.detach().contiguous() for name, param in model.named_parameters() if param.requires_grad}
-
-
 def save_training_state(final: Path, model: torch.nn.Module, optimizer, scheduler, state: dict) -> None:
     """Resumable state: the trainable weights (all of them, or LoRA's adapters and heads: frozen ones are rebuilt
-    from the stage's inputs), optimizer, scheduler, RNG and `state` (step, data position, ...)."""
+    from the stage's inputs), optimizer, scheduler, RNG and `state` (step, data position, ...). Every process calls
+    it: the weights and optimizer state are gathered whole (`rlhf.sharding.training_state`, a collective when the
+    model is sharded), and the main process writes them."""
+    weights, optimizer_state = training_state(model, optimizer)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return
     with written_atomically(final) as tmp:
-        save_file(trainable_parameters(model), str(tmp / WEIGHTS_FILE))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        save_file(weights, str(tmp / WEIGHTS_FILE))
+        torch.save(optimizer_state, tmp / "optimizer.pt")
         fault_point("checkpoint")  # halfway through the write
         if scheduler is not None:
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
@@ -153,14 +155,14 @@ def save_training_state(final: Path, model: torch.nn.Module, optimizer, schedule
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2))  # written last: marks the folder complete
 
 
-def _load_trainable(model: torch.nn.Module, path: Path) -> None:
-    """Copy a checkpoint's tensors into `model`'s trainable parameters; exactly those names, or a KeyError."""
+def _read_trainable(model: torch.nn.Module, path: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors, which must be exactly `model`'s trainable parameters by name, or a KeyError."""
     saved = load_file(str(path), device=str(next(model.parameters()).device))
-    expected = trainable_parameters(model).keys()
+    expected = set(trainable_names(model))
     if saved.keys() != expected:
         missing, unexpected = sorted(expected - saved.keys()), sorted(saved.keys() - expected)
         raise KeyError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-    model.load_state_dict(saved, strict=False)
+    return saved
 
 
 def checkpoint_fingerprint(final: Path) -> str | None:
@@ -176,8 +178,9 @@ def load_training_state(final: Path, model: torch.nn.Module, optimizer, schedule
     if folder is None:
         return None
     try:
-        _load_trainable(model, folder / WEIGHTS_FILE)
-        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu"))
+        weights = _read_trainable(model, folder / WEIGHTS_FILE)
+        optimizer_state = torch.load(folder / "optimizer.pt", weights_only=True, map_location="cpu")
+        restore_training_state(model, optimizer, weights, optimizer_state)
         if scheduler is not None:
             scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
         _set_rng_state(torch.load(folder / "rng.pt", weights_only=True))

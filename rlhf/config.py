@@ -146,7 +146,7 @@ class TrainConfig:
 @dataclass
 class SFTConfig(TrainConfig):
     num_samples: int = 8  # validation prompts whose greedy continuations are written to samples.jsonl
-    gold_eval_prompts: int = 200  # embedded task: held-out prompts sampled to measure the gold good-rate
+    gold_eval_prompts: int = 200  # embedded task: held-out prompts sampled to measure the gold good-rate (0: none)
     temperature: float = 0.7  # sampling temperature for the gold good-rate measurement
     # with data.sft_path: validation prompts whose greedy responses are scored by ROUGE-L against the reference
     # responses (Huang et al. 2024 report SFT ROUGE-L on TL;DR)

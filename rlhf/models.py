@@ -462,7 +462,8 @@ class SharedPromptPairRewards(nn.Module):
         self.token_head = nn.Linear(reward_model.config.hidden_size, 1) if token_head else None
         self.length_heuristic_logit = None
         if length_heuristic_lr is not None:
-            self.length_heuristic_logit = nn.Parameter(torch.logit(torch.tensor(0.1)))
+            # shape (1,), not (): FSDP shards parameters along their first dimension (rlhf.sharding)
+            self.length_heuristic_logit = nn.Parameter(torch.logit(torch.tensor([0.1])))
             self.length_heuristic_logit._optim = {"lr": length_heuristic_lr, "weight_decay": 0.0}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> PairRewards:
@@ -485,7 +486,9 @@ class SharedPromptPairRewards(nn.Module):
 
         token_values = self.token_head(hidden).squeeze(-1).float() if self.token_head is not None else None  # (B, T)
         logit = self.length_heuristic_logit
-        return PairRewards(score("chosen"), score("rejected"), token_values, None if logit is None else logit.sigmoid())
+        return PairRewards(
+            score("chosen"), score("rejected"), token_values, None if logit is None else logit.sigmoid()[0]
+        )
 
 
 def fold_reward_offset(model: nn.Module, offset: float) -> float:

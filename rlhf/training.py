@@ -30,6 +30,7 @@ from rlhf.fault_points import fault_point
 from rlhf.losses import sft_loss
 from rlhf.models import token_logprobs
 from rlhf.run import RunDir, stage_seed
+from rlhf.sharding import full_gradient_norm, prepare_trained_model
 from rlhf.signals import checkpoint_due, defer_stops, stop_if_requested
 from rlhf.tracking import MetricLogger
 
@@ -220,7 +221,7 @@ def optimizer_step(
     fault_point("optimizer_step")
     grad_norm = None
     if max_grad_norm > 0:
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm).detach().float()
+        grad_norm = full_gradient_norm(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)).detach().float()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
@@ -290,9 +291,8 @@ def fit(
     returns the unwrapped model and loop facts. `on_fresh_start` runs once the logger knows the
     run starts at step 0 (not resumed), e.g. to log a step-0 row that a resumed run already has."""
     plan = plan_steps(stage, tcfg, len(examples), accelerator.num_processes)
-    optimizer = build_optimizer(model, tcfg)
+    model, optimizer, whole = prepare_trained_model(accelerator, model, lambda m: build_optimizer(m, tcfg))
     scheduler = build_scheduler(optimizer, tcfg, plan.total_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
     fingerprint = run.fingerprint(stage, cfg)
 
     # 1. Resume from the last complete checkpoint written for this same config, if any, with the
@@ -345,27 +345,26 @@ def fit(
             reduced[f"{stage}/train/epoch"] = step / plan.steps_per_epoch
             logger.log(step, reduced, postfix=(f"{stage}/train/loss",))
         if tcfg.eval_every and step % tcfg.eval_every == 0 and step < plan.total_steps:
-            logger.log(step, evaluate(model))
+            logger.log(step, evaluate(whole.of(model)))
         if checkpoint_due(accelerator, tcfg.save_every, step, plan.total_steps):
             log_window = {k: accelerator.reduce(v, reduction="mean").item() for k, v in window.items()}
-            if accelerator.is_main_process:
-                save_training_state(
-                    run.checkpoint_dir(stage),
-                    accelerator.unwrap_model(model),
-                    optimizer,
-                    scheduler,
-                    {
-                        "step": step,
-                        "fingerprint": fingerprint,
-                        "epoch": epoch,
-                        "log_window": log_window,
-                        "log_window_steps": window_steps,
-                    },
-                )
+            save_training_state(  # every process gathers; the main one writes
+                run.checkpoint_dir(stage),
+                accelerator.unwrap_model(model),
+                optimizer,
+                scheduler,
+                {
+                    "step": step,
+                    "fingerprint": fingerprint,
+                    "epoch": epoch,
+                    "log_window": log_window,
+                    "log_window_steps": window_steps,
+                },
+            )
             accelerator.wait_for_everyone()
             stop_if_requested(run.checkpoint_dir(stage))
 
-    return accelerator.unwrap_model(model), {
+    return whole.of(model), {
         "steps": step,
         "resumed_from_step": resumed_from,
         "steps_per_epoch": plan.steps_per_epoch,

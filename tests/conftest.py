@@ -113,6 +113,7 @@ SLOW_FILES_FIRST = (
     "test_distributed.py",
     "test_bench.py",
     "test_bf16_lora_ddp_e2e.py",
+    "test_fsdp.py",
     "test_pipeline_e2e.py",
     "test_overoptimization.py",
     "test_online_dpo.py",

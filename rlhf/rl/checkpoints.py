@@ -63,16 +63,15 @@ def save_rl_checkpoint(
     iteration: int,
     **extra,
 ) -> None:
-    """Write the resumable checkpoint after `iteration` (plus the stage's `extra` state) from the
-    main process, tagged with the config fingerprint; every process waits until it is written."""
-    if accelerator.is_main_process:
-        save_training_state(
-            run.checkpoint_dir(stage),
-            accelerator.unwrap_model(model),
-            optimizer,
-            scheduler,
-            {"iteration": iteration, "fingerprint": run.fingerprint(stage, cfg), **extra},
-        )
+    """Write the resumable checkpoint after `iteration` (plus the stage's `extra` state), tagged with the config
+    fingerprint: every process gathers its part, the main one writes, and all wait until it is written."""
+    save_training_state(
+        run.checkpoint_dir(stage),
+        accelerator.unwrap_model(model),
+        optimizer,
+        scheduler,
+        {"iteration": iteration, "fingerprint": run.fingerprint(stage, cfg), **extra},
+    )
     accelerator.wait_for_everyone()
     stop_if_requested(run.checkpoint_dir(stage))
 
