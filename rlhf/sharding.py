@@ -91,7 +91,8 @@ class FullView:
     process calls it at the same point)."""
 
     def __init__(self, accelerator: Accelerator, copy_of_model: torch.nn.Module | None):
-        self.accelerator, self.copy = accelerator, copy_of_model
+        self.accelerator = accelerator
+        self.copy = None if copy_of_model is None else copy_of_model.to(accelerator.device)  # where the shards are
 
     def of(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.copy is None or not is_sharded(model):
