@@ -21,22 +21,34 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.tensor import DTensor
 
 from rlhf.errors import UserError
 
-FULL = StateDictOptions(full_state_dict=True)  # every process gets every tensor whole
+# torch.distributed's tensor and checkpoint modules are imported only by a sharded run: together they take 0.7 s,
+# which every stage process would pay otherwise.
+
+
+def _dtensor_class():
+    """torch's DTensor class, or None when nothing has imported it (then no tensor can be one)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else module.DTensor
+
+
+def _is_dtensor(tensor) -> bool:
+    dtensor = _dtensor_class()
+    return dtensor is not None and isinstance(tensor, dtensor)
+
+
+def _full(strict: bool = True):
+    """State-dict options under which every process gets every tensor whole."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, strict=strict)
 
 
 def fsdp_launched() -> bool:
@@ -46,7 +58,7 @@ def fsdp_launched() -> bool:
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether the model's parameters are DTensor shards (FSDP2, applied here or by accelerate on GPUs)."""
-    return any(isinstance(param, DTensor) for param in model.parameters())
+    return any(_is_dtensor(param) for param in model.parameters())
 
 
 def shards_here(accelerator: Accelerator) -> bool:
@@ -97,7 +109,9 @@ class FullView:
     def of(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.copy is None or not is_sharded(model):
             return self.accelerator.unwrap_model(model)
-        self.copy.load_state_dict(get_model_state_dict(model, options=FULL))
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        self.copy.load_state_dict(get_model_state_dict(model, options=_full()))
         return self.copy
 
 
@@ -128,7 +142,7 @@ def prepare_trained_model(accelerator: Accelerator, model: torch.nn.Module, make
 
 def full_gradient_norm(norm: torch.Tensor) -> torch.Tensor:
     """`clip_grad_norm_`'s total norm as a plain tensor (over sharded gradients it is a DTensor)."""
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    return norm.full_tensor() if _is_dtensor(norm) else norm
 
 
 def trainable_names(model: torch.nn.Module) -> list[str]:
@@ -148,11 +162,13 @@ def training_state(model: torch.nn.Module, optimizer) -> tuple[dict[str, torch.T
     if not is_sharded(model):
         weights = {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
         return weights, optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
     trainable = set(trainable_names(model))
-    full = get_model_state_dict(model, options=FULL)
+    full = get_model_state_dict(model, options=_full())
     weights = {name: tensor.contiguous() for name, tensor in full.items() if name in trainable}
     optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
-    by_name = get_optimizer_state_dict(model, optimizer, options=FULL)  # state and param groups keyed by name
+    by_name = get_optimizer_state_dict(model, optimizer, options=_full())  # state and param groups keyed by name
     names = _parameter_names(model)
     order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
     number = {name: i for i, name in enumerate(order)}
@@ -168,10 +184,12 @@ def load_training_state(model: torch.nn.Module, optimizer, weights: dict[str, to
         model.load_state_dict(weights, strict=False)
         optimizer.load_state_dict(optimizer_state)
         return
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    set_model_state_dict(model, weights, options=_full(strict=False))
     optimizer = getattr(optimizer, "optimizer", optimizer)
     names = _parameter_names(model)
     order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
     groups = [{**group, "params": [order[i] for i in group["params"]]} for group in optimizer_state["param_groups"]]
     state = {order[i]: value for i, value in optimizer_state["state"].items()}
-    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=FULL)
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=_full())
