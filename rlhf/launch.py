@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,20 +98,38 @@ def stderr_pipe() -> tuple[int, int]:
 
 def run_launched(command: list[str]) -> tuple[int, str | None]:
     """Run a stage under its launcher, passing its stderr on as it comes until one of its processes has
-    written its one-line error; -> (exit code, that line or None)."""
+    written its one-line error; -> (exit code, that line or None).
+
+    A stop signal that this process receives (`rlhf.signals.Interrupted`) reaches the launcher, which passes it on
+    to the stage's processes (torch's elastic agent does, for SIGTERM); they save their checkpoint and exit, and
+    then it is raised here too. Ctrl-C is not passed on: the terminal sent it to every process of the job already.
+    A second signal while waiting kills the launcher."""
+    from rlhf.signals import Interrupted
+
     with tempfile.TemporaryDirectory(prefix="rlhf-stage-") as folder:
         error_file = Path(folder) / "error"
         read_end, write_end = stderr_pipe()
         with subprocess.Popen(command, stderr=write_end, env={**os.environ, ERROR_FILE_ENV: str(error_file)}) as stage:
             os.close(write_end)
-            try:
+
+            def pass_on_until_exit() -> None:
                 while chunk := read_chunk(read_end):
                     if not error_file.exists():
                         sys.stderr.buffer.write(chunk)
                         sys.stderr.flush()
                 stage.wait()
-            except BaseException:  # Ctrl-C or SIGTERM (`rlhf.signals.Interrupted`): as subprocess.run does
-                stage.kill()
+
+            try:
+                try:
+                    pass_on_until_exit()
+                except Interrupted as stop:
+                    if stop.signum != signal.SIGINT:
+                        stage.send_signal(stop.signum)
+                    pass_on_until_exit()
+                    raise
+            except BaseException:  # not a stop that the stage saw through: as subprocess.run does
+                if stage.poll() is None:
+                    stage.kill()
                 raise
             finally:
                 os.close(read_end)
