@@ -2,16 +2,14 @@
 into the command that runs each stage (the multi-process runs themselves: test_distributed.py)."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from conftest import REPO
-from test_stage_process import SIGNAL_STAGE
+from test_stage_process import STOPS, stop_a_driver
 
 from rlhf.errors import UserError
 from rlhf.launch import launcher_command
@@ -123,28 +121,8 @@ except Interrupted as stop:
 """
 
 
-@pytest.mark.parametrize("how", ["SIGTERM to the driver", "Ctrl-C to the process group"])
+@pytest.mark.parametrize("how", STOPS)
 def test_a_stop_signal_reaches_a_launched_stage_once_and_stops_the_pipeline(tmp_path, how):
     """The launched stage gets the signal once, so it saves its checkpoint and exits, where it used to be killed;
     torch's elastic agent passes a SIGTERM it gets on to its processes (docs/reliability.md)."""
-    (tmp_path / "stage.py").write_text(SIGNAL_STAGE)
-    driver = subprocess.Popen(
-        [sys.executable, "-c", LAUNCHED_SIGNAL_DRIVER],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
-    deadline = time.time() + 120
-    while not (tmp_path / "ready").exists():
-        assert driver.poll() is None and time.time() < deadline, "the stage did not start"
-        time.sleep(0.02)
-    expected = "SIGTERM" if how.startswith("SIGTERM") else "SIGINT"
-    if expected == "SIGTERM":
-        driver.send_signal(signal.SIGTERM)
-    else:
-        os.killpg(driver.pid, signal.SIGINT)  # what a terminal does on Ctrl-C
-    stdout, _ = driver.communicate(timeout=60)
-    assert (tmp_path / "received").read_text() == expected  # once, and not killed before it could save
-    assert stdout.strip() == f"interrupted {expected}"
+    stop_a_driver(tmp_path, LAUNCHED_SIGNAL_DRIVER, how, {})

@@ -120,15 +120,14 @@ except Interrupted as stop:
 """
 
 
-@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh-interpreter"])
-@pytest.mark.parametrize("how", ["SIGTERM to the driver", "Ctrl-C to the process group"])
-def test_a_stop_signal_reaches_the_stage_once_and_stops_the_driver(tmp_path, fork, how):
+def stop_a_driver(tmp_path, driver_code: str, how: str, env: dict) -> None:
+    """Start `driver_code` (which runs SIGNAL_STAGE and prints how it ended) as a terminal's foreground job, stop it
+    `how` once the stage is up, and check that the stage got that signal exactly once and the driver stopped."""
     (tmp_path / "stage.py").write_text(SIGNAL_STAGE)
-    env = {**os.environ, "RLHF_FORK_STAGES": "1" if fork else "0", "PYTHONPATH": str(REPO)}
     driver = subprocess.Popen(
-        [sys.executable, "-c", SIGNAL_DRIVER],
+        [sys.executable, "-c", driver_code],
         cwd=tmp_path,
-        env=env,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's foreground job
@@ -146,6 +145,15 @@ def test_a_stop_signal_reaches_the_stage_once_and_stops_the_driver(tmp_path, for
     stdout, _ = driver.communicate(timeout=60)
     assert (tmp_path / "received").read_text() == expected  # once: not also passed on by the driver
     assert stdout.strip() == f"interrupted {expected}"
+
+
+STOPS = ["SIGTERM to the driver", "Ctrl-C to the process group"]
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh-interpreter"])
+@pytest.mark.parametrize("how", STOPS)
+def test_a_stop_signal_reaches_the_stage_once_and_stops_the_driver(tmp_path, fork, how):
+    stop_a_driver(tmp_path, SIGNAL_DRIVER, how, {"RLHF_FORK_STAGES": "1" if fork else "0"})
 
 
 def test_no_fork_from_a_process_that_started_threads(monkeypatch):
