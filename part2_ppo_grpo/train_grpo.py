@@ -45,15 +45,16 @@ from rlhf.cli import run_stage, start_stage
 from rlhf.engines import build_engine, check_engine
 from rlhf.errors import UserError
 from rlhf.evaluation import sequence_kl
+from rlhf.group_rows import check_packable
 from rlhf.lora import load_trainable_policy, reference_policy
 from rlhf.losses import grpo_loss
-from rlhf.models import load_reward_model, load_tokenizer, position_ids_from_mask
+from rlhf.models import load_reward_model, load_tokenizer
 from rlhf.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
 from rlhf.rewards import load_reward_source
 from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
 from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
-from rlhf.rl.passes import mean_process_units, micro_batches, minibatch_indices, shifted_entropy, shifted_logprobs
-from rlhf.rl.plan import check_context, check_grpo_config, context_size, plan_rl, set_cpu_threads
+from rlhf.rl.passes import mean_process_units, micro_batches, minibatch_indices, policy_token_pass
+from rlhf.rl.plan import check_context, check_group_packing, check_grpo_config, context_size, plan_rl, set_cpu_threads
 from rlhf.rl.prompts import load_rl_prompts
 from rlhf.rl.publish import publish_rl
 from rlhf.rl.roles import check_frozen, frozen, frozen_digests
@@ -105,11 +106,13 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("grpo", run, cfg, tokenizer, gcfg.eval_prompts)
     plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(prompts.train_ids), gcfg.group_size)
+    check_group_packing(plan, gcfg)
     check_context("grpo", prompts.longest, gcfg.max_new_tokens, context_size(run.model_dir("sft")))
     sampling = SamplingConfig(gcfg.max_new_tokens, gcfg.temperature, gcfg.top_p, gcfg.top_k)
     clip_high = gcfg.clip if gcfg.clip_high is None else gcfg.clip_high
-    on_policy = gcfg.epochs == 1 and gcfg.num_minibatches == 1  # old log-probs = new ones, detached
     device, rank, G = accelerator.device, accelerator.process_index, gcfg.group_size
+    on_policy = gcfg.epochs == 1 and gcfg.num_minibatches == 1  # old log-probs = new ones, detached
+    packing = G if gcfg.pack_groups else 1  # rows per forward row: a group's G responses share one prompt pass
     set_cpu_threads("grpo", gcfg.cpu_threads, device)
     check_engine(cfg.rollout, "grpo", accelerator.num_processes)
 
@@ -119,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     #    With LoRA, the reference is the policy with its adapters disabled.
     policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora.for_stage("grpo"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
+    if gcfg.pack_groups:
+        check_packable(policy.config, "grpo")
     reference = reference_policy(policy, run.model_dir("sft"), device) if gcfg.kl_coef > 0 else None
     eval_reference = (
         reference
@@ -200,15 +205,19 @@ def main(argv: list[str] | None = None) -> None:
         batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
         with accelerator.autocast():
             logprobs = (
-                None if on_policy else rollout_logprobs(policy, rollout, gcfg.temperature, gcfg.forward_batch_size)
+                None
+                if on_policy
+                else rollout_logprobs(policy, rollout, gcfg.temperature, gcfg.forward_batch_size, packing)
             )  # (N, T)
             ref_logprobs = (
                 None
                 if reference is None
-                else rollout_logprobs(reference, rollout, gcfg.temperature, gcfg.forward_batch_size)
+                else rollout_logprobs(reference, rollout, gcfg.temperature, gcfg.forward_batch_size, packing)
             )
             rm_scores = (
-                score_rollout(reward_model, rollout, gcfg.forward_batch_size) if reward_source.uses_model else None
+                score_rollout(reward_model, rollout, gcfg.forward_batch_size, group_size=packing)
+                if reward_source.uses_model
+                else None
             )  # (N,)
         raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (N,), {term: (N,)}
         scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, gcfg.missing_eos_penalty)  # (N,)
@@ -223,23 +232,24 @@ def main(argv: list[str] | None = None) -> None:
         seen_logprobs = torch.zeros_like(mask, dtype=torch.float32) if on_policy else logprobs  # for the KL metric
         stats: dict[str, list[torch.Tensor]] = {}
         for _ in range(gcfg.epochs):
-            for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator):
+            for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator, packing):
                 units = mean_process_units(accelerator, mask[minibatch], gcfg.loss_normalization)
                 micro = micro_batches(
-                    minibatch.to(device), rollout.lengths, mask, plan.micro_batch_size, gcfg.loss_normalization, units
+                    minibatch.to(device),
+                    rollout.lengths,
+                    mask,
+                    plan.micro_batch_size,
+                    gcfg.loss_normalization,
+                    units,
+                    packing,
                 )
                 step_stats: dict[str, torch.Tensor] = {}
                 for k, (rows, t, weight) in enumerate(micro):
-                    input_ids, micro_mask = rollout.input_ids[rows, :t], mask[rows, :t]  # (b, t) each
+                    micro_mask = mask[rows, :t]  # (b, t)
                     with accelerator.no_sync(policy) if k < len(micro) - 1 else nullcontext():
-                        attention_mask = rollout.attention_mask[rows, :t]
-                        logits = policy(
-                            input_ids=input_ids,
-                            attention_mask=attention_mask,
-                            position_ids=position_ids_from_mask(attention_mask),
-                            use_cache=False,
-                        ).logits  # (b, t, V)
-                        new_logprobs = shifted_logprobs(logits, input_ids, gcfg.temperature)  # (b, t)
+                        new_logprobs, token_entropy = policy_token_pass(
+                            policy, rollout, rows, gcfg.temperature, packing
+                        )  # (b, t) each
                         old_logprobs = new_logprobs.detach() if on_policy else logprobs[rows, :t]
                         weights = importance_weights(rollout, old_logprobs, rows, t, cfg.rollout.tis_cap)
                         loss, loss_stats = grpo_loss(
@@ -262,15 +272,13 @@ def main(argv: list[str] | None = None) -> None:
                         accelerator.backward(loss * weight)
                     if on_policy:
                         seen_logprobs[rows, :t] = torch.where(micro_mask, new_logprobs.detach(), 0.0)
-                    with torch.no_grad():
-                        entropy = masked_mean(shifted_entropy(logits.detach(), gcfg.temperature), micro_mask)
                     micro_stats = {
                         "train/loss": loss,
                         "policy/approxkl": loss_stats["approxkl"],
                         "policy/clipfrac": loss_stats["clipfrac"],
                         "policy/ratio_mean": loss_stats["ratio_mean"],
                         "policy/k3_kl": loss_stats["kl"],
-                        "objective/entropy": entropy,
+                        "objective/entropy": masked_mean(token_entropy, micro_mask),
                     }
                     for key, value in micro_stats.items():
                         step_stats[key] = step_stats.get(key, 0.0) + weight * value.detach().float()

@@ -136,17 +136,12 @@ def collate_shared_prompt_pairs(
         input_ids[i, : len(row)] = torch.tensor(row)
         segment[i, : len(row)] = torch.tensor(seg)
         position_ids[i, : len(row)] = torch.tensor(pos)
-    query, key = segment[:, :, None], segment[:, None, :]  # (B, T, 1), (B, 1, T)
-    causal = torch.ones(width, width, dtype=torch.bool).tril()  # (T, T)
-    visible = (
-        ((key == 0) | (key == query)) & (key >= 0) & (query >= 0)
-    )  # real tokens: the prompt and their own response
-    attention_mask = (causal & visible) | (torch.eye(width, dtype=torch.bool) & (query < 0))  # (B, T, T)
+    attention_mask = shared_prompt_attention(segment)  # (B, 1, T, T)
     chosen_mask, rejected_mask = (segment == 0) | (segment == 1), (segment == 0) | (segment == 2)  # (B, T)
     batch = {
         "input_ids": input_ids,
         "position_ids": position_ids,
-        "attention_mask": attention_mask.unsqueeze(1),
+        "attention_mask": attention_mask,
         "chosen_mask": chosen_mask,
         "rejected_mask": rejected_mask,
         "chosen_last": torch.tensor(chosen_last),
@@ -158,6 +153,21 @@ def collate_shared_prompt_pairs(
             batch["response_values"][i, : len(row_values)] = row_values
         batch["response_values_mask"] = segment > 0  # (B, T)
     return batch
+
+
+def shared_prompt_attention(segment: torch.Tensor) -> torch.Tensor:
+    """The 4-D attention mask of rows holding one prompt and several responses after it.
+
+    segment: (B, T) long, 0 on the prompt, k > 0 on the k-th response's tokens, -1 on padding ->
+    (B, 1, T, T) bool, True where a query may attend a key: causal, and a response token sees the
+    prompt and its own response only. Pad positions attend only to themselves (no all-masked row).
+    """
+    width = segment.shape[1]
+    query, key = segment[:, :, None], segment[:, None, :]  # (B, T, 1), (B, 1, T)
+    causal = torch.ones(width, width, dtype=torch.bool, device=segment.device).tril()  # (T, T)
+    visible = ((key == 0) | (key == query)) & (key >= 0) & (query >= 0)  # the prompt and the token's own response
+    pad_self = torch.eye(width, dtype=torch.bool, device=segment.device) & (query < 0)
+    return ((causal & visible) | pad_self).unsqueeze(1)  # (B, 1, T, T)
 
 
 def length_order(chosen_lengths: torch.Tensor, rejected_lengths: torch.Tensor) -> torch.Tensor:

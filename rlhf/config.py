@@ -304,6 +304,9 @@ class GRPOConfig(RLConfig):
     kl_coef: float = 0.04
     # "sequence": 1/|o| per response then batch mean (DeepSeekMath); "token": over all tokens (DAPO)
     loss_normalization: str = "sequence"
+    # a group's G responses as one row over one copy of their prompt (rlhf/group_rows.py): the same numbers
+    # for one prompt pass instead of G in the reference, reward and training passes; needs sdpa or eager attention
+    pack_groups: bool = True
 
 
 @dataclass

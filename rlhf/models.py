@@ -386,19 +386,21 @@ def reward_scores(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     return logits.squeeze(-1).float() - getattr(model, "reward_offset", 0.0)  # (B,)
 
 
-def _check_4d_mask_support(config) -> str:
-    """The model's attention implementation, if it takes the 4-D masks of shared-prompt rows."""
+def check_4d_mask_support(config, fix: str = "") -> str:
+    """The model's attention implementation, if it takes the 4-D masks of shared-prompt rows; `fix`
+    (e.g. "or set grpo.pack_groups=false") ends the error otherwise."""
     implementation = getattr(config, "_attn_implementation", "sdpa")
     if implementation not in ("sdpa", "eager"):
         raise UserError(
-            f"shared-prompt pair batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'"
+            f"shared-prompt batches need 'sdpa' or 'eager' attention (a 4-D mask), not '{implementation}'"
+            + (f"; {fix}" if fix else "")
         )
     return implementation
 
 
-def _shared_prompt_attention_mask(config, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def shared_prompt_attention_mask(config, attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The (B, 1, T, T) bool mask of `collate_shared_prompt_pairs` in the form `config`'s attention takes."""
-    if _check_4d_mask_support(config) == "sdpa":
+    if check_4d_mask_support(config) == "sdpa":
         return attention_mask
     # eager attention adds the mask to its scores
     return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill(
@@ -419,7 +421,7 @@ def shared_prompt_response_logprobs(policy: nn.Module, batch: dict[str, torch.Te
     from accelerate.utils import extract_model_from_parallel
 
     model = extract_model_from_parallel(policy)
-    attention_mask = _shared_prompt_attention_mask(model.config, batch["attention_mask"], model.dtype)
+    attention_mask = shared_prompt_attention_mask(model.config, batch["attention_mask"], model.dtype)
     logits = policy(
         input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]
     ).logits  # (B, T, V)
@@ -431,6 +433,36 @@ def shared_prompt_response_logprobs(policy: nn.Module, batch: dict[str, torch.Te
     logprobs = gather_logprobs(logits[rows[:, None], previous], batch["input_ids"])  # (B, T)
     responses = batch["chosen_mask"] ^ batch["rejected_mask"]  # (B, T): exactly one of the two sequences
     return logprobs.masked_fill(~responses, 0.0)
+
+
+def shared_prompt_hidden_states(reward_model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(B, T, H) final hidden states of a reward model's backbone over shared-prompt rows (`input_ids`,
+    `position_ids` and the (B, 1, T, T) bool `attention_mask` of `rlhf.batching.shared_prompt_attention`)."""
+    model = inner_model(reward_model)
+    backbone = model.backbone if isinstance(model, MeanPoolRewardModel) else model.base_model
+    attention_mask = shared_prompt_attention_mask(model.config, batch["attention_mask"], backbone.dtype)
+    return backbone(
+        input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]
+    ).last_hidden_state
+
+
+def read_rewards(
+    reward_model: nn.Module, hidden: torch.Tensor, rows: torch.Tensor, last: torch.Tensor, sequence_mask: torch.Tensor
+) -> torch.Tensor:
+    """(n,) rewards of n sequences inside shared-prompt rows, pooled as `reward_scores` pools a sequence
+    of its own: the head reads the sequence's last token (last pooling) or its tokens' mean (mean pooling).
+
+    hidden: (B, T, H) from `shared_prompt_hidden_states`; rows (n,) the row holding each sequence,
+    last (n,) the column of its last token, sequence_mask (n, T) bool its columns (prompt included).
+    """
+    model = inner_model(reward_model)
+    if isinstance(model, MeanPoolRewardModel):
+        weights = sequence_mask.unsqueeze(-1).to(hidden.dtype)  # (n, T, 1)
+        pooled = (hidden[rows] * weights).sum(1) / weights.sum(1).clamp(min=1)  # (n, H)
+        head = model.head
+    else:
+        pooled, head = hidden[rows, last], model.score  # (n, H)
+    return head(pooled).squeeze(-1).float() - getattr(model, "reward_offset", 0.0)
 
 
 class PairRewards(NamedTuple):
@@ -457,8 +489,7 @@ class SharedPromptPairRewards(nn.Module):
     def __init__(self, reward_model: nn.Module, token_head: bool = False, length_heuristic_lr: float | None = None):
         super().__init__()
         self.reward_model = reward_model
-        self.mean_pooled = isinstance(inner_model(reward_model), MeanPoolRewardModel)
-        _check_4d_mask_support(reward_model.config)  # fail at start-up, not at the first batch
+        check_4d_mask_support(reward_model.config)  # fail at start-up, not at the first batch
         self.token_head = nn.Linear(reward_model.config.hidden_size, 1) if token_head else None
         self.length_heuristic_logit = None
         if length_heuristic_lr is not None:
@@ -467,22 +498,11 @@ class SharedPromptPairRewards(nn.Module):
             self.length_heuristic_logit._optim = {"lr": length_heuristic_lr, "weight_decay": 0.0}
 
     def forward(self, batch: dict[str, torch.Tensor]) -> PairRewards:
-        model = inner_model(self.reward_model)
-        backbone, head = (model.backbone, model.head) if self.mean_pooled else (model.base_model, model.score)
-        attention_mask = _shared_prompt_attention_mask(model.config, batch["attention_mask"], backbone.dtype)
-        hidden = backbone(
-            input_ids=batch["input_ids"], attention_mask=attention_mask, position_ids=batch["position_ids"]
-        ).last_hidden_state  # (B, T, H)
-        offset = getattr(model, "reward_offset", 0.0)
+        hidden = shared_prompt_hidden_states(self.reward_model, batch)  # (B, T, H)
         rows = torch.arange(hidden.shape[0], device=hidden.device)
 
         def score(which: str) -> torch.Tensor:  # (B,)
-            if self.mean_pooled:
-                weights = batch[f"{which}_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
-                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)  # (B, H)
-            else:
-                pooled = hidden[rows, batch[f"{which}_last"]]  # (B, H)
-            return head(pooled).squeeze(-1).float() - offset
+            return read_rewards(self.reward_model, hidden, rows, batch[f"{which}_last"], batch[f"{which}_mask"])
 
         token_values = self.token_head(hidden).squeeze(-1).float() if self.token_head is not None else None  # (B, T)
         logit = self.length_heuristic_logit

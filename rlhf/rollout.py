@@ -35,11 +35,13 @@ Contracts:
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 import torch
 from transformers import (
+    DynamicCache,
     LogitsProcessor,
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -48,7 +50,8 @@ from transformers import (
 )
 
 from rlhf.batching import collate_sequences, encode_texts, left_pad
-from rlhf.models import reward_scores, token_logprobs
+from rlhf.group_rows import PackedGroups, pack_groups, packed_logits, packed_reward_scores, packed_token_logprobs
+from rlhf.models import inner_model, reward_scores, token_logprobs
 from rlhf.ops import gather_logprobs
 
 
@@ -171,6 +174,39 @@ def chunks(n: int, size: int) -> list[slice]:
     return [slice(start, min(start + size, n)) for start in range(0, n, size)]
 
 
+def shared_prompt_cache(model, prompt_ids: list[list[int]], input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """Prompts repeated in a generation batch (a GRPO group, RAFT's N samples of a prompt) prefilled once:
+    -> `generate` keyword arguments holding a KV cache of every prompt but its last column, computed over the
+    distinct prompts and repeated to each row, so `generate` runs only the last column before decoding; {} when
+    no prompt repeats. input_ids, attention_mask: (b, P) left-padded, every prompt ending at column P - 1.
+    """
+    first_row: dict[tuple[int, ...], int] = {}  # each distinct prompt -> its first row
+    for row, prompt in enumerate(prompt_ids):
+        first_row.setdefault(tuple(prompt), row)
+    if len(first_row) == len(prompt_ids) or input_ids.shape[1] < 2:
+        return {}
+    distinct = {prompt: k for k, prompt in enumerate(first_row)}
+    source = torch.tensor([distinct[tuple(prompt)] for prompt in prompt_ids], device=input_ids.device)  # (b,)
+    firsts = torch.tensor(list(first_row.values()), device=input_ids.device)  # (u,)
+    context, context_mask = input_ids[firsts, :-1], attention_mask[firsts, :-1]  # (u, P - 1)
+    cache = DynamicCache(config=model.config)
+    name = cache_argument(model)
+    model(
+        input_ids=context,
+        attention_mask=context_mask,
+        position_ids=(context_mask.cumsum(-1) - 1).clamp(min=0),
+        **{name: cache},
+        use_cache=True,
+    )
+    cache.batch_select_indices(source)  # each layer's (u, ...) keys and values -> (b, ...)
+    return {name: cache}
+
+
+def cache_argument(model) -> str:
+    """The KV cache's keyword in this transformers version: `cache` (5.2x on), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(inner_model(model).forward).parameters else "past_key_values"
+
+
 @torch.no_grad()
 def generate_rollout(
     model,
@@ -197,9 +233,11 @@ def generate_rollout(
     for rows in chunks(len(prompt_ids), batch_size or len(prompt_ids)):
         # Row-seeded sampling is greedy decoding over noised scores: generate() itself draws nothing.
         processors = [RowSeededSampling(row_seeds[rows], sampling, device)] if seeded else []
+        input_ids, attention_mask = prompts["input_ids"][rows].to(device), prompts["attention_mask"][rows].to(device)
         out = model.generate(
-            input_ids=prompts["input_ids"][rows].to(device),
-            attention_mask=prompts["attention_mask"][rows].to(device),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            **shared_prompt_cache(model, prompt_ids[rows], input_ids, attention_mask),
             do_sample=not (greedy or seeded),
             temperature=None if greedy or seeded else sampling.temperature,
             top_p=None if greedy or seeded else sampling.top_p,
@@ -299,14 +337,42 @@ def forward_in_chunks(fn: Callable[..., torch.Tensor | tuple], rollout: Rollout,
     or a tuple of tensors, per token (b, t) or per row (b,); each comes back in the original row
     order, per-token ones padded with 0 to (B, T).
     """
-    B, T = rollout.input_ids.shape
     order = torch.argsort(rollout.lengths, stable=True)
+    return _in_row_order(lambda chunk: fn(chunk.input_ids, chunk.attention_mask), rollout, order, batch_size)
+
+
+@torch.no_grad()
+def forward_groups_in_chunks(
+    fn: Callable[[PackedGroups, Rollout], torch.Tensor], rollout: Rollout, group_size: int, batch_size: int
+):
+    """fn(packed, chunk) over chunks of whole groups (`rlhf.group_rows`), at most `batch_size` rows
+    each (at least one group), with no autograd: `chunk` is the chunk's rows as a `Rollout`, `packed`
+    the same rows one group per row. Consecutive `group_size` rows of `rollout` must share a prompt.
+
+    Groups are sorted by packed width (the prompt plus its G responses), so each chunk's packed rows
+    carry little padding. fn returns per-token (n, t) or per-row (n,) values of the chunk's rows;
+    they come back in the original row order, per-token ones padded with 0 to (B, T).
+    """
+    groups = rollout.input_ids.shape[0] // group_size
+    response_tokens = rollout.response_lengths.view(groups, group_size).sum(-1)  # (groups,)
+    prompt_tokens = (rollout.lengths - rollout.response_lengths)[::group_size]  # (groups,)
+    group_order = torch.argsort(prompt_tokens + response_tokens, stable=True)  # (groups,)
+    members = torch.arange(group_size, device=group_order.device)
+    order = (group_order[:, None] * group_size + members).reshape(-1)  # (B,) whole groups, narrowest first
+    step = max(batch_size // group_size, 1) * group_size
+    return _in_row_order(lambda chunk: fn(pack_groups(chunk, group_size), chunk), rollout, order, step)
+
+
+def _in_row_order(call: Callable[[Rollout], torch.Tensor | tuple], rollout: Rollout, order: torch.Tensor, step: int):
+    """call(chunk) on consecutive `step` rows of `order` (each chunk trimmed to its longest row), its
+    outputs put back in the rollout's row order; per-token (b, t) ones padded with 0 to (B, T)."""
+    B, T = rollout.input_ids.shape
     pieces: list[tuple] = []
-    for rows in chunks(B, batch_size):
-        chunk = order[rows]
-        width = int(rollout.lengths[chunk].max())
-        out = fn(rollout.input_ids[chunk, :width], rollout.attention_mask[chunk, :width])
+    for rows in chunks(B, step):
+        chunk = rollout.select(order[rows])
+        out = call(chunk)
         out = out if isinstance(out, tuple) else (out,)
+        width = chunk.input_ids.shape[1]
         pieces.append(tuple(torch.nn.functional.pad(o, (0, T - width)) if o.dim() == 2 else o for o in out))
     results = []
     for parts in zip(*pieces):
@@ -317,13 +383,27 @@ def forward_in_chunks(fn: Callable[..., torch.Tensor | tuple], rollout: Rollout,
     return results[0] if len(results) == 1 else tuple(results)
 
 
-def rollout_logprobs(model, rollout: Rollout, temperature: float, batch_size: int) -> torch.Tensor:
+def rollout_logprobs(model, rollout: Rollout, temperature: float, batch_size: int, group_size: int = 1) -> torch.Tensor:
     """(B, T) log-probs of the rollout's tokens at the sampling temperature, 0 outside the response.
 
     The same computation as the training loss (`token_logprobs`), so a policy scored here and
     trained on at once has ratio exactly 1; used for the policy (old log-probs) and the reference.
+    With `group_size` > 1 each group of consecutive rows sharing a prompt is one packed row
+    (`rlhf.group_rows`): the same log-probs for one pass over the prompt.
     """
-    logprobs = forward_in_chunks(lambda ids, mask: token_logprobs(model, ids, mask, temperature), rollout, batch_size)
+    if group_size > 1:
+        logprobs = forward_groups_in_chunks(
+            lambda packed, chunk: packed_token_logprobs(
+                packed_logits(model, packed), packed, chunk.input_ids, temperature
+            ),
+            rollout,
+            group_size,
+            batch_size,
+        )
+    else:
+        logprobs = forward_in_chunks(
+            lambda ids, mask: token_logprobs(model, ids, mask, temperature), rollout, batch_size
+        )
     return torch.where(rollout.response_mask, logprobs, 0.0)
 
 
@@ -361,13 +441,19 @@ def score_rollout(
     policy_tokenizer=None,
     reward_tokenizer=None,
     max_tokens: int | None = None,
+    group_size: int = 1,
 ) -> torch.Tensor:
     """(B,) reward-model scores, read at each response's last real token.
 
-    With the policy's tokenizer (or none given) the rollout's own ids are scored; otherwise
-    prompt and response are decoded and re-tokenized with `reward_tokenizer` (`retokenize`).
+    With the policy's tokenizer (or none given) the rollout's own ids are scored, a group of
+    `group_size` consecutive rows sharing a prompt as one packed row when > 1 (`rlhf.group_rows`);
+    otherwise prompt and response are decoded and re-tokenized with `reward_tokenizer` (`retokenize`).
     """
     if reward_tokenizer is None or same_tokenizer(policy_tokenizer, reward_tokenizer):
+        if group_size > 1:
+            return forward_groups_in_chunks(
+                lambda packed, chunk: packed_reward_scores(reward_model, packed), rollout, group_size, batch_size
+            )
         return forward_in_chunks(lambda ids, mask: reward_scores(reward_model, ids, mask), rollout, batch_size)
     device = rollout.input_ids.device
     batch = retokenize(rollout, policy_tokenizer, reward_tokenizer, max_tokens)

@@ -219,6 +219,38 @@ def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_eval
     assert evals[-1]["grpo/eval/kl_to_ref"] != 0.0  # the trained policy, measured against the SFT policy
 
 
+def test_grpo_trains_the_same_with_and_without_packed_groups(rl_run, tmp_path):
+    """grpo.pack_groups computes each group's prompt once (rlhf/group_rows.py): the same samples, losses and
+    weights as separate rows, to float rounding."""
+    runs = {}
+    for packed in ("true", "false"):
+        runs[packed] = tmp_path / packed
+        shutil.copytree(rl_run[0], runs[packed], ignore=shutil.ignore_patterns("ppo", "grpo"))
+        run_script(
+            SCRIPTS["grpo"],
+            runs[packed],
+            *TINY_TEST_OVERRIDES,
+            *FAST["grpo"],
+            "grpo.total_episodes=64",
+            "grpo.eval_prompts=8",
+            "grpo.eval_every=0",
+            f"grpo.pack_groups={packed}",
+        )
+    rows = {packed: [r for r in metric_rows(run, "grpo") if "grpo/train/loss" in r] for packed, run in runs.items()}
+    assert len(rows["true"]) == len(rows["false"]) == 2
+    # Token means taken per micro-batch (entropy, k3 KL) depend on which rows share one, and the two
+    # layouts group rows differently (whole groups by packed width, or rows by length): left out.
+    by_micro_batch = ("grpo/objective/entropy", "grpo/policy/k3_kl")
+    for with_packing, without in zip(rows["true"], rows["false"]):
+        for key, value in without.items():
+            if "time" in key or "memory" in key or key in by_micro_batch or not isinstance(value, float):
+                continue
+            assert with_packing[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    weights = [load_file(run / "grpo" / "model" / "model.safetensors") for run in runs.values()]
+    for name, tensor in weights[1].items():
+        torch.testing.assert_close(weights[0][name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+
+
 @pytest.mark.parametrize(
     "stage, spec, model_weight, function_weight",
     [
@@ -330,6 +362,7 @@ def test_killed_ppo_resumes_to_the_same_weights(rl_run, tmp_path):
             "ppo.reward: module 'tests.reward_fixtures' has no function",
         ),
         ("grpo", ["grpo.reward=model + gold"], "grpo.reward: unknown reward source 'gold'"),
+        ("grpo", ["grpo.micro_batch_size=2"], "grpo.pack_groups needs whole groups of grpo.group_size=4"),
     ],
 )
 def test_bad_batch_sizes_are_one_line_errors_before_any_model_loads(rl_run, tmp_path, stage, args, message):

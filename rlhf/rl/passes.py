@@ -6,7 +6,10 @@ import torch
 from torch import Tensor
 
 from rlhf.config import PPOConfig
+from rlhf.group_rows import pack_groups, packed_entropy, packed_logits, packed_token_logprobs
+from rlhf.models import position_ids_from_mask
 from rlhf.ops import entropy_from_logits, gather_logprobs
+from rlhf.rollout import Rollout
 
 
 def shifted_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Tensor:
@@ -30,9 +33,11 @@ def align_values(position_values: Tensor) -> Tensor:
     return torch.nn.functional.pad(position_values[:, :-1], (1, 0))
 
 
-def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator) -> list[Tensor]:
-    """A fresh random split of n rollouts into num_minibatches equal parts (one epoch)."""
-    order = torch.randperm(n, generator=generator)
+def minibatch_indices(n: int, num_minibatches: int, generator: torch.Generator, group_size: int = 1) -> list[Tensor]:
+    """A fresh random split of n rollouts into num_minibatches equal parts (one epoch); with
+    `group_size` > 1, a split of whole groups of consecutive rows, each group's rows in order."""
+    order = torch.randperm(n // group_size, generator=generator)  # (n / G,)
+    order = (order[:, None] * group_size + torch.arange(group_size)).reshape(-1)  # (n,)
     size = n // num_minibatches
     return [order[k * size : (k + 1) * size] for k in range(num_minibatches)]
 
@@ -81,18 +86,53 @@ def micro_batches(
     micro_batch_size: int,
     normalization: str,
     units_per_process: float | None = None,
+    group_size: int = 1,
 ) -> list[tuple[Tensor, int, float]]:
     """Split one minibatch of rollout rows into micro-batches for gradient accumulation.
 
     minibatch: (n,) row indices; lengths: (B,) tokens per row; response_mask: (B, T) bool.
-    Rows are sorted by length (stably), so similar lengths share a micro-batch. -> one
+    Rows are sorted by length (stably), so similar lengths share a micro-batch; with `group_size`
+    > 1 the minibatch is whole groups (`minibatch_indices`), kept whole and sorted by their packed
+    width (`rlhf.group_rows`), and `micro_batch_size` must be a multiple of it. -> one
     (rows, t, weight) per micro-batch: its row indices, the columns it needs (past its longest
     row, all is padding) and its `accumulation_weights` weight (`units_per_process` as there).
     """
-    minibatch = minibatch[torch.argsort(lengths[minibatch], stable=True)]
+    if group_size > 1:
+        groups = minibatch.view(-1, group_size)  # (n / G, G)
+        response_tokens = response_mask[groups].sum(-1)  # (n / G, G)
+        prompt_tokens = lengths[groups[:, 0]] - response_tokens[:, 0]  # (n / G,)
+        widths = prompt_tokens + response_tokens.sum(-1)  # (n / G,) the packed rows' widths
+        minibatch = groups[torch.argsort(widths, stable=True)].reshape(-1)
+    else:
+        minibatch = minibatch[torch.argsort(lengths[minibatch], stable=True)]
     weights = accumulation_weights(response_mask[minibatch], micro_batch_size, normalization, units_per_process)
     chunks = [minibatch[k * micro_batch_size : (k + 1) * micro_batch_size] for k in range(len(weights))]
     return [(rows, int(lengths[rows].max()), weight) for rows, weight in zip(chunks, weights)]
+
+
+def policy_token_pass(
+    policy: torch.nn.Module, rollout: Rollout, rows: Tensor, temperature: float, group_size: int = 1
+) -> tuple[Tensor, Tensor]:
+    """The policy's training forward pass over rollout rows -> (b, t) log-probs of their tokens at the
+    sampling temperature (differentiable) and (b, t) entropy of the distributions that produced them
+    (no grad), aligned with the tokens, t = the rows' longest. With `group_size` > 1, `rows` are whole
+    groups of rows sharing a prompt and each group is one packed row (`rlhf.group_rows`)."""
+    chunk = rollout.select(rows)
+    if group_size > 1:
+        packed = pack_groups(chunk, group_size)
+        logits = packed_logits(policy, packed)  # (g, W, V)
+        with torch.no_grad():
+            entropy = packed_entropy(logits.detach(), packed, temperature)
+        return packed_token_logprobs(logits, packed, chunk.input_ids, temperature), entropy
+    logits = policy(
+        input_ids=chunk.input_ids,
+        attention_mask=chunk.attention_mask,
+        position_ids=position_ids_from_mask(chunk.attention_mask),
+        use_cache=False,
+    ).logits  # (b, t, V)
+    with torch.no_grad():
+        entropy = shifted_entropy(logits.detach(), temperature)
+    return shifted_logprobs(logits, chunk.input_ids, temperature), entropy
 
 
 def build_ppo_optimizer(model: torch.nn.Module, pcfg: PPOConfig) -> torch.optim.Optimizer:

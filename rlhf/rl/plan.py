@@ -132,6 +132,16 @@ def check_grpo_config(gcfg: GRPOConfig) -> None:
         raise UserError(f"grpo.kl_coef={gcfg.kl_coef} must be >= 0 (0: no KL term and no reference model)")
 
 
+def check_group_packing(plan: RLPlan, gcfg: GRPOConfig) -> None:
+    """grpo.pack_groups packs whole groups: each process's minibatch and micro-batch must hold whole ones."""
+    if gcfg.pack_groups and (plan.micro_batch_size % gcfg.group_size or plan.minibatch_size % gcfg.group_size):
+        raise UserError(
+            f"grpo.pack_groups needs whole groups of grpo.group_size={gcfg.group_size} in each micro-batch "
+            f"({plan.micro_batch_size} rollouts) and minibatch ({plan.minibatch_size} per process); change "
+            "grpo.micro_batch_size or grpo.num_minibatches, or set grpo.pack_groups=false"
+        )
+
+
 def check_context(stage: str, longest_prompt: int, max_new_tokens: int, context: int | None) -> None:
     """The longest prompt plus the response budget must fit the model's positions."""
     if context is not None and longest_prompt + max_new_tokens > context:
