@@ -71,10 +71,10 @@ OVERRIDES = {
         "ppo.whiten_rewards=true",
     ],
     "grpo": [
-        "grpo.total_episodes=24",
-        "grpo.batch_size=8",
+        "grpo.total_episodes=48",
+        "grpo.batch_size=16",  # 2 groups per process, each packed micro-batch one whole group
         "grpo.group_size=4",
-        "grpo.micro_batch_size=2",
+        "grpo.micro_batch_size=4",
         "grpo.forward_batch_size=8",
         "grpo.epochs=2",
         "grpo.loss_normalization=token",
