@@ -207,12 +207,15 @@ def logprob_mismatch(trainer_logprobs: Tensor, engine_logprobs: Tensor, mask: Te
     """How far an engine's log-probs of its own samples are from the trainer's for the same weights, over the
     response tokens (`mask`): abs_diff, the mean |log π_trainer − log π_engine|; abs_diff_max; and kl, the
     k3 estimate of KL(π_engine ‖ π_trainer) per token, whose samples come from the engine (Schulman 2020's
-    k3 with r = π_trainer / π_engine: r − 1 − log r ≥ 0). All (B, T) in, scalars out."""
-    log_r = upcast(trainer_logprobs) - upcast(engine_logprobs)  # (B, T)
+    k3 with r = π_trainer / π_engine: r − 1 − log r ≥ 0). All (B, T) in, scalars out (float64).
+
+    The k3 term is expm1(log r) − log r in float64: for the ~1e-5 differences of an engine in float32,
+    exp(x) − 1 − x in float32 is rounding noise of either sign (~1e-9) around the true x²/2 (~1e-11)."""
+    log_r = trainer_logprobs.double() - engine_logprobs.double()  # (B, T)
     return {
         "abs_diff": masked_mean(log_r.abs(), mask),
         "abs_diff_max": log_r.abs().masked_fill(~mask, 0).max(),
-        "kl": masked_mean(torch.exp(log_r) - 1 - log_r, mask),
+        "kl": masked_mean(torch.expm1(log_r) - log_r, mask),
     }
 
 

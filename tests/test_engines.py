@@ -64,6 +64,18 @@ def test_logprob_mismatch_and_truncated_weights_by_hand():
     assert same["abs_diff"].item() == 0 and same["kl"].item() == 0
 
 
+def test_the_mismatch_kl_of_float32_rounding_noise_is_its_true_small_positive_value():
+    """Engine and trainer agreeing to ~1e-5 (float32): k3 ~ x^2 / 2 ~ 5e-11, not exp(x) - 1 - x's float32
+    rounding noise (~1e-9, negative about half the time)."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        engine = -torch.rand(1, 300, generator=generator) * 3
+        trainer = engine + torch.randn(1, 300, generator=generator) * 1e-5  # float32 both
+        log_r = trainer.double() - engine.double()
+        kl = logprob_mismatch(trainer, engine, torch.ones(1, 300, dtype=torch.bool))["kl"].item()
+        assert kl == pytest.approx((log_r**2 / 2).mean().item(), rel=1e-3)
+
+
 # ----------------------------------------------------------------------------- start-up checks
 
 
