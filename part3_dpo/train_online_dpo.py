@@ -50,6 +50,7 @@ from rlhf.online_dpo import (
     best_worst_pairs,
     check_online_dpo_config,
     pair_indices_to_rows,
+    pair_weights,
     plan_online_dpo,
     split_micro_batches,
 )
@@ -235,8 +236,9 @@ def main(argv: list[str] | None = None) -> None:
             for c, r in zip(chosen_rows, rejected_rows)
         ]
         n_pairs = int(accelerator.reduce(torch.tensor(len(pairs), device=device), reduction="sum"))
-        if not pairs and n_pairs:  # other processes step: join them with a pair of one response with itself, whose
-            # DPO gradient is exactly zero (chosen and rejected log-probs move together)
+        own_pairs = len(pairs)
+        if not pairs and n_pairs:  # other processes step: join them with a pair of one response with itself,
+            # weighted 0 below (its DPO gradient is zero anyway: chosen and rejected log-probs move together)
             pairs = [EncodedPair(prompts.train_ids[local_rows[0]], response_ids[0], response_ids[0])]
         # 4c. Reference log-probs of the pairs: the SFT policy, or the sampling policy itself (no grad either way).
         ref_model = sft_policy if ocfg.reference == "sft" else whole.of(policy)
@@ -254,10 +256,13 @@ def main(argv: list[str] | None = None) -> None:
             rpo_alpha=ocfg.rpo_alpha,
         )
         order = sorted(range(len(pairs)), key=lambda i: shared_prompt_pair_length(pairs[i]))  # little padding
+        chunks = split_micro_batches(len(pairs), ocfg.micro_batch_size)
         micro = [
             {**collate([pairs[order[i]] for i in chunk]), "index": torch.tensor([order[i] for i in chunk])}
-            for chunk in split_micro_batches(len(pairs), ocfg.micro_batch_size)
+            for chunk in chunks
         ]
+        # every pair of every process weighs the same, as in one process
+        weights = pair_weights([len(c) for c in chunks], n_pairs, accelerator.num_processes) if own_pairs else [0.0]
         train_stats: dict[str, list[torch.Tensor]] = {}
         for epoch in range(ocfg.epochs if n_pairs else 0):  # no pair on any process: nothing to learn, no step
             step_stats = train_step(
@@ -271,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
                 micro,
                 loss_fn,
                 ocfg.max_grad_norm,
+                weights,
             )
             for key, value in step_stats.items():
                 train_stats.setdefault(key, []).append(value)
@@ -279,21 +285,22 @@ def main(argv: list[str] | None = None) -> None:
         logger.advance()
 
         # 4e. Metrics (means over processes), a few pairs, checkpoint.
+        # per-pair means over all processes' pairs (processes keep different numbers); per-row ones over equal shares
+        pair_sums = {
+            "pairs/chosen_length_mean": sum(len(response_ids[c]) for c in chosen_rows),
+            "pairs/rejected_length_mean": sum(len(response_ids[r]) for r in rejected_rows),
+        }
+        if scores is not None:
+            pair_sums["pairs/score_margin"] = float((scores[chosen_rows] - scores[rejected_rows]).sum())
+        pair_totals = accelerator.reduce(torch.tensor(list(pair_sums.values()), device=device), reduction="sum")
         local = {
             "pairs/kept_rate": has_pair.float().mean(),
-            "pairs/chosen_length_mean": torch.tensor([len(response_ids[c]) for c in chosen_rows] or [0.0])
-            .float()
-            .mean(),
-            "pairs/rejected_length_mean": torch.tensor([len(response_ids[r]) for r in rejected_rows] or [0.0])
-            .float()
-            .mean(),
+            **{key: pair_totals[i] / max(n_pairs, 1) for i, key in enumerate(pair_sums)},
             **{f"train/{key}": torch.stack(values).mean() for key, values in train_stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }
         if scores is not None:
             local["objective/scores"] = scores.mean()
-            margins = scores[chosen_rows] - scores[rejected_rows] if chosen_rows else scores.new_zeros(1)
-            local["pairs/score_margin"] = margins.mean()
         shown_scores = scores if scores is not None else torch.zeros(local_batch, device=device)
         local.update(
             response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, shown_scores)), t1 - t0)

@@ -239,16 +239,23 @@ def train_step(
     micro_batches: list[dict[str, torch.Tensor]],
     loss_fn: LossFn,
     max_grad_norm: float,
+    weights: list[float] | None = None,
 ) -> dict[str, torch.Tensor]:
     """One optimizer step on this process's share of a global batch, given as collated micro-batches:
-    each one's `loss_fn` loss is backpropagated with weight 1 / len(micro_batches), gradients are
-    synchronised across processes on the last one only, then `optimizer_step`.
+    micro-batch k's `loss_fn` loss is backpropagated with weight `weights[k]` (default 1 / len(micro_batches)),
+    gradients are synchronised across processes on the last one only, then `optimizer_step`.
 
-    -> the step's mean loss and loss stats (detached, by name), plus grad_norm when clipping. A
-    non-finite loss stops the stage with one line naming `step` (optimizer steps already taken).
+    -> the step's loss and loss stats weighted the same way (detached, by name), plus grad_norm when
+    clipping. A non-finite loss stops the stage with one line naming `step` (optimizer steps already taken).
     """
     model.train()
     accumulation = len(micro_batches)
+    if weights is not None and len(weights) != accumulation:
+        raise ValueError(f"{len(weights)} weights for {accumulation} micro-batches")
+
+    def weighted(value: torch.Tensor, k: int) -> torch.Tensor:
+        return value / accumulation if weights is None else value * weights[k]
+
     totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
     for k, micro_batch in enumerate(micro_batches):
         batch = {key: value.to(accelerator.device) for key, value in micro_batch.items()}
@@ -261,10 +268,10 @@ def train_step(
                     f"the last good checkpoint is kept in {run.checkpoint_dir(stage)}; "
                     f"lower {stage}.lr or check the data"
                 )
-            accelerator.backward(loss / accumulation)
-        totals["loss"] += loss.detach() / accumulation
+            accelerator.backward(weighted(loss, k))
+        totals["loss"] += weighted(loss.detach(), k)
         for key, value in stats.items():
-            totals[key] += value.detach().float() / accumulation
+            totals[key] += weighted(value.detach().float(), k)
     grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm)
     if grad_norm is not None:
         totals["grad_norm"] = grad_norm

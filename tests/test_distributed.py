@@ -1,5 +1,5 @@
-"""Multi-process correctness of the PPO, GRPO, RAFT, DPO and eval stages: `torch.distributed.run` with 2 gloo
-processes on CPU against 1 process accumulating the same global batch in 2 micro-batches (as the
+"""Multi-process correctness of the PPO, GRPO, RAFT, DPO, online DPO and eval stages: `torch.distributed.run`
+with 2 gloo processes on CPU against 1 process accumulating the same global batch in 2 micro-batches (as the
 SFT and reward tests in test_part1_e2e.py), through the real command line.
 
 What makes the two runs comparable: the offline DPO loss sees the same pairs either way. The RL
@@ -52,6 +52,7 @@ SCRIPTS = {
     "grpo": "part2_ppo_grpo/train_grpo.py",
     "raft": "part2_ppo_grpo/train_raft.py",
     "dpo": "part3_dpo/train_dpo.py",
+    "online_dpo": "part3_dpo/train_online_dpo.py",
     "eval": "part4_eval/evaluate.py",
 }
 # Global batch 8, micro-batch 4: one process accumulates 2 micro-batches per minibatch, each of 2 processes 1.
@@ -108,6 +109,19 @@ OVERRIDES = {
         "dpo.save_every=0",
         "run.log_every=1",
     ],
+    "online_dpo": [  # 8 prompts x K = 2 per iteration; the processes keep different numbers of pairs
+        "online_dpo.total_episodes=48",
+        "online_dpo.batch_size=16",
+        "online_dpo.micro_batch_size=3",  # pairs: one process 3 + 3 + 2 of 8, each of 2 processes 2 + 2 of 4
+        "online_dpo.forward_batch_size=8",
+        "online_dpo.max_new_tokens=16",
+        "online_dpo.eval_prompts=8",
+        "online_dpo.eval_every=2",
+        "online_dpo.samples_every=1",
+        "online_dpo.num_samples=2",
+        "online_dpo.save_every=0",
+        "online_dpo.cpu_threads=1",
+    ],
     "eval": [
         "eval.num_prompts=12",
         "eval.batch_size=4",  # several batches on each process
@@ -154,7 +168,7 @@ def metric_rows(out: Path, stage: str) -> list[dict]:
     return [comparable(json.loads(line)) for line in (out / stage / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("stage", ["ppo", "grpo", "raft", "dpo"])
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "raft", "dpo", "online_dpo"])
 def test_two_processes_match_one_process(tiny_run, tmp_path, stage):
     for launcher in LAUNCHERS:
         run_stage(launcher, stage, tiny_run, tmp_path / launcher)
