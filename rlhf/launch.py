@@ -67,14 +67,16 @@ def check_batch_splits(cfg: Config, stages: list[str], world_size: int) -> None:
     stage repeats at start-up, less those that need its data): one line naming the keys, before any stage runs."""
     from rlhf.online_dpo import plan_online_dpo
     from rlhf.raft import plan_raft
-    from rlhf.rl.plan import plan_rl
+    from rlhf.rl.plan import check_group_packing, plan_rl
     from rlhf.training import split_batch
 
     for stage in stages:
         if stage in ("sft", "reward", "dpo"):
             split_batch(stage, getattr(cfg, stage), world_size)
-        elif stage in ("ppo", "grpo"):
-            plan_rl(stage, getattr(cfg, stage), world_size, None, cfg.grpo.group_size if stage == "grpo" else 1)
+        elif stage == "ppo":
+            plan_rl(stage, cfg.ppo, world_size, None)
+        elif stage == "grpo":
+            check_group_packing(plan_rl(stage, cfg.grpo, world_size, None, cfg.grpo.group_size), cfg.grpo)
         elif stage == "raft":
             plan_raft(cfg.raft, world_size, None)
         elif stage == "online_dpo":

@@ -95,6 +95,19 @@ def test_a_batch_that_does_not_split_over_the_launchs_processes_is_one_line_befo
     assert not (tmp_path / "run").exists()
 
 
+def test_grpo_micro_batches_of_part_of_a_group_are_one_line_before_any_stage(tmp_path):
+    """grpo.pack_groups packs whole groups: a micro-batch of 2 rollouts with G = 4 fails when the pipeline
+    starts, not when GRPO's turn comes after SFT and the reward model."""
+    result = pipeline({"RLHF_LAUNCH": ""}, "--output-dir", str(tmp_path / "run"), "grpo.micro_batch_size=2")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        "error: grpo.pack_groups needs whole groups of grpo.group_size=4 in each micro-batch (2 rollouts) and "
+        "minibatch (64 per process); change grpo.micro_batch_size or grpo.num_minibatches, or set "
+        "grpo.pack_groups=false"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.slow
 def test_a_stage_failing_under_a_launcher_is_its_own_line_and_exit_2_not_the_launchers_traceback(tmp_path):
     launch = {"RLHF_LAUNCH": "accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2"}
