@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. Prompts: distinct training prompts, a seeded subset of collect.prompts.
     accelerator = make_accelerator(cfg)
-    check_engine(cfg.rollout, "collect", accelerator.num_processes)
+    check_engine(cfg.rollout, "collect")
     device = accelerator.device
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = unique_prompts(run.training_pairs("dataset"))

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     on_policy = gcfg.epochs == 1 and gcfg.num_minibatches == 1  # old log-probs = new ones, detached
     packing = G if gcfg.pack_groups else 1  # rows per forward row: a group's G responses share one prompt pass
     set_cpu_threads("grpo", gcfg.cpu_threads, device)
-    check_engine(cfg.rollout, "grpo", accelerator.num_processes)
+    check_engine(cfg.rollout, "grpo")
 
     # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
     #    when functions give the training score); a frozen reference only when beta > 0. Without one,

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     clip_high = pcfg.clip if pcfg.clip_high is None else pcfg.clip_high
     device, rank = accelerator.device, accelerator.process_index
     set_cpu_threads("ppo", pcfg.cpu_threads, device)
-    check_engine(cfg.rollout, "ppo", accelerator.num_processes)
+    check_engine(cfg.rollout, "ppo")
 
     # 2. Four roles, dropout off in every one (load_* disable it): trainable policy and critic in one
     #    module (one optimizer, one checkpoint), frozen reference and reward model.

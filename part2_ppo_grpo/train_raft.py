@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     device, rank, N = accelerator.device, accelerator.process_index, rcfg.samples_per_prompt
     finetune = plan.finetune  # one round's fine-tuning
     set_cpu_threads("raft", rcfg.cpu_threads, device)
-    check_engine(cfg.rollout, "raft", accelerator.num_processes)
+    check_engine(cfg.rollout, "raft")
 
     # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
     #    when functions rank the samples). The SFT policy, to measure KL against, only when evaluating

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     device, K = accelerator.device, ocfg.samples_per_prompt
     average = DPO_AVERAGES_LOGPS[ocfg.loss_type]
     set_cpu_threads("online_dpo", ocfg.cpu_threads, device)
-    check_engine(cfg.rollout, "online_dpo", accelerator.num_processes)
+    check_engine(cfg.rollout, "online_dpo")
 
     def collate(pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
         return collate_shared_prompt_pairs(pairs, tokenizer.pad_token_id)

