@@ -14,7 +14,8 @@ precomputed (`precompute_ref_log_probs`), no logging or checkpoints. Torch threa
 GRPO: G = grpo.group_size completions per prompt, one generation batch of grpo.batch_size
 completions per optimizer step (micro-batches accumulated), k3 KL with beta = grpo.kl_coef against
 a reference copy, per-sequence normalisation (`loss_type="grpo"`, as grpo.loss_normalization=sequence),
-scored by the run's reward model.
+the same prompts in the same order (`ours_prompt_order`), scored by the run's reward model as ours scores
+(`scored_as_ours`). Both sides report their generated tokens.
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from rlhf.config import Config, load_config, preset_path
 from rlhf.data import read_jsonl
 from rlhf.models import load_tokenizer
+from rlhf.rl.prompts import iteration_prompts, unique_prompts
 from rlhf.rl.stats import peak_memory_mb
-from rlhf.run import RunDir
+from rlhf.run import RunDir, stage_seed
 
 TRL_STAGES = ("sft", "reward", "dpo", "grpo")
 
@@ -75,7 +77,8 @@ def common_args(cfg: Config, stage: str, steps: int) -> dict:
         "weight_decay": tcfg.weight_decay,
         "adam_epsilon": tcfg.adam_eps,
         "max_grad_norm": tcfg.max_grad_norm,
-        "lr_scheduler_type": "cosine",
+        "lr_scheduler_type": tcfg.scheduler,
+        "warmup_steps": round(tcfg.warmup_ratio * steps),  # as rlhf.training.build_scheduler
         "bf16": False,
         "fp16": False,
         "gradient_checkpointing": False,
@@ -90,7 +93,7 @@ def common_args(cfg: Config, stage: str, steps: int) -> dict:
 
 
 def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps: int):
-    from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
+    from trl import DPOConfig, DPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
 
     tokenizer = load_tokenizer(run.model_dir("sft"))
     max_length = cfg.data.max_prompt_tokens + cfg.data.max_response_tokens + 1  # ours: prompt + response + EOS
@@ -100,6 +103,8 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
         args = SFTConfig(**common_args(cfg, stage, steps), max_length=max_length, completion_only_loss=True)
         model = AutoModelForCausalLM.from_pretrained(policy_path)
         return SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    if stage == "grpo":
+        return grpo_trainer(cfg, run, rows, steps, tokenizer, policy_path)
     pairs = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
     if stage == "reward":
         args = RewardConfig(**common_args(cfg, stage, steps), max_length=max_length, disable_dropout=True)
@@ -132,10 +137,16 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
         )
         model = AutoModelForCausalLM.from_pretrained(policy_path)
         return TimedDPOTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
+
+
+def grpo_trainer(cfg: Config, run: RunDir, rows: list[dict], steps: int, tokenizer, policy_path: str):
+    """TRL's GRPOTrainer on ours' prompts (`rows`, in ours' order), with ours' GRPO settings and reward."""
+    from trl import GRPOConfig, GRPOTrainer
+
     gcfg = cfg.grpo
     prompts = Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
     args = GRPOConfig(
-        **common_args(cfg, stage, steps),
+        **common_args(cfg, "grpo", steps),
         num_generations=gcfg.group_size,
         max_completion_length=gcfg.max_new_tokens,
         temperature=gcfg.temperature,
@@ -147,16 +158,46 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
         scale_rewards="group" if gcfg.scale_rewards else "none",
         loss_type="grpo",
         disable_dropout=True,
+        shuffle_dataset=False,  # the prompts come in ours' order (`ours_prompt_order`)
     )
     reward_model = AutoModelForSequenceClassification.from_pretrained(str(run.model_dir("reward")))
     return GRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(policy_path),
-        reward_funcs=reward_model,
+        reward_funcs=scored_as_ours(reward_model, load_tokenizer(run.model_dir("reward")), gcfg.missing_eos_penalty),
         args=args,
         train_dataset=prompts,
         processing_class=tokenizer,
-        reward_processing_classes=load_tokenizer(run.model_dir("reward")),
     )
+
+
+def scored_as_ours(reward_model, tokenizer, missing_eos_penalty: float):
+    """TRL's own reward-model call (texts tokenized, one forward pass, the score at the last token), on the texts
+    ours scores. TRL decodes completions without special tokens, so given the model it would score each text at
+    its last word, but the model was trained to read the EOS: on 64 SFT samples that gave a mean of -1.32 where
+    ours gives +0.20, and the two trainers then learned from different rewards and generated different lengths.
+    Here a finished completion gets its EOS back, and one cut at max_completion_length loses
+    `missing_eos_penalty`, as ours does."""
+    reward_model.eval()
+    eos = tokenizer.eos_token_id
+
+    def reward_model_with_eos(prompts, completions, completion_ids, **kwargs) -> list[float]:
+        finished = [eos in ids for ids in completion_ids]
+        texts = [p + c + (tokenizer.eos_token if done else "") for p, c, done in zip(prompts, completions, finished)]
+        inputs = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+        with torch.inference_mode():
+            scores = reward_model(**inputs).logits[:, 0]
+        return [score - (0.0 if done else missing_eos_penalty) for score, done in zip(scores.tolist(), finished)]
+
+    return reward_model_with_eos
+
+
+def ours_prompt_order(cfg: Config, run: RunDir, steps: int) -> list[dict]:
+    """The prompts our GRPO samples in its first `steps` iterations, in its order (`rlhf.rl.prompts`), for TRL to
+    read unshuffled: each step then generates for the same 16 prompts on both sides."""
+    texts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
+    per_step = cfg.grpo.batch_size // cfg.grpo.group_size
+    seed = stage_seed(cfg, "grpo")
+    return [{"prompt": texts[i]} for step in range(steps) for i in iteration_prompts(len(texts), per_step, step, seed)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -176,8 +217,10 @@ def main(argv: list[str] | None = None) -> None:
     run = RunDir(args.run)
     total_steps = args.warmup + args.steps
     batch_size = getattr(cfg, args.stage).batch_size
-    prompts_per_step = batch_size // cfg.grpo.group_size if args.stage == "grpo" else batch_size
-    rows = read_jsonl(run.stage("data") / "train.jsonl")[: total_steps * prompts_per_step]
+    if args.stage == "grpo":
+        rows = ours_prompt_order(cfg, run, total_steps)
+    else:
+        rows = read_jsonl(run.stage("data") / "train.jsonl")[: total_steps * batch_size]
     torch.manual_seed(cfg.run.seed)
     trainer = build_trainer(args.stage, cfg, run, rows, total_steps)
     # offline stages: token positions (and operators) of the timed steps, as bench/stages.py measures them;
@@ -186,6 +229,9 @@ def main(argv: list[str] | None = None) -> None:
     profile = StepProfile(trainer.model if offline else None, args.profile)
     clock = StepClock(args.warmup, profile if offline else None)
     trainer.add_callback(clock)
+    lengths = CompletionLengths(trainer)
+    if not offline:
+        trainer.add_callback(lengths)
     start = time.perf_counter()
     if not offline:
         profile.start()
@@ -207,7 +253,28 @@ def main(argv: list[str] | None = None) -> None:
         "device": device,
         "profile": profile.summary(),
     }
+    if not offline:
+        result["tokens"] = generated_tokens(lengths.per_step, args.warmup, total_steps, batch_size)
     print(json.dumps(result))
+
+
+class CompletionLengths(TrainerCallback):
+    """GRPO's mean completion length of each optimizer step (one generation batch each here), read from the
+    trainer's `_metrics` after every step: TRL keeps them there until it logs, at the end of `train()`."""
+
+    def __init__(self, trainer):
+        self.trainer, self.per_step = trainer, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.per_step = list(self.trainer._metrics["train"].get("completions/mean_length", []))
+
+
+def generated_tokens(per_step: list[float], warmup: int, total_steps: int, batch_size: int) -> int:
+    """Generated tokens (EOS included) in the steps after `warmup`, as bench/stages.py counts ours, so that the two
+    sides' generation work can be compared."""
+    if len(per_step) != total_steps:
+        raise SystemExit(f"error: TRL recorded {len(per_step)} generation batches, expected {total_steps}")
+    return round(sum(per_step[warmup:]) * batch_size)
 
 
 if __name__ == "__main__":

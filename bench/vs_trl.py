@@ -130,12 +130,19 @@ def main(argv: list[str] | None = None) -> None:
                         )
                     s[side].append(result["total_s"])
                     s[f"{side}_positions"] = result.get("profile", {}).get("positions")
+                    if stage == "grpo":  # each side's generated tokens: is the generation work the same?
+                        s.setdefault(f"{side}_generated_tokens", []).append(result["tokens"])
                     s[f"{side}_timed"].append(result["timed_s"])
                     s[f"{side}_threads"].append(result["threads"])
+                tokens = (
+                    f"; generated tokens ours {s['ours_generated_tokens'][-1]:,}, TRL {s['trl_generated_tokens'][-1]:,}"
+                    if stage == "grpo"
+                    else ""
+                )
                 print(
                     f"repeat {repeat + 1} {stage}, {setting} threads: ours {s['ours'][-1]:.1f} s "
                     f"({s['ours_threads'][-1]} threads), TRL {s['trl'][-1]:.1f} s ({s['trl_threads'][-1]} threads); "
-                    f"TRL/ours {s['trl'][-1] / s['ours'][-1]:.2f}",
+                    f"TRL/ours {s['trl'][-1] / s['ours'][-1]:.2f}{tokens}",
                     flush=True,
                 )
 

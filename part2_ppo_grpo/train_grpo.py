@@ -234,6 +234,14 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(gcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator, packing):
                 units = mean_process_units(accelerator, mask[minibatch], gcfg.loss_normalization)
+                # Token-mean metrics weigh a micro-batch by its share of the minibatch's tokens on all processes
+                # (times their number, as the loss weights), whatever the loss normalisation: so they are the
+                # minibatch's token means, not depending on which rows share a micro-batch.
+                token_units = (
+                    units
+                    if gcfg.loss_normalization == "token"
+                    else mean_process_units(accelerator, mask[minibatch], "token")
+                )
                 micro = micro_batches(
                     minibatch.to(device),
                     rollout.lengths,
@@ -272,16 +280,17 @@ def main(argv: list[str] | None = None) -> None:
                         accelerator.backward(loss * weight)
                     if on_policy:
                         seen_logprobs[rows, :t] = torch.where(micro_mask, new_logprobs.detach(), 0.0)
-                    micro_stats = {
-                        "train/loss": loss,
-                        "policy/approxkl": loss_stats["approxkl"],
-                        "policy/clipfrac": loss_stats["clipfrac"],
-                        "policy/ratio_mean": loss_stats["ratio_mean"],
-                        "policy/k3_kl": loss_stats["kl"],
-                        "objective/entropy": masked_mean(token_entropy, micro_mask),
+                    token_weight = float(micro_mask.sum()) / token_units if token_units else 0.0
+                    micro_stats = {  # (value, weight): the loss as optimised, the others as token means
+                        "train/loss": (loss, weight),
+                        "policy/approxkl": (loss_stats["approxkl"], token_weight),
+                        "policy/clipfrac": (loss_stats["clipfrac"], token_weight),
+                        "policy/ratio_mean": (loss_stats["ratio_mean"], token_weight),
+                        "policy/k3_kl": (loss_stats["kl"], token_weight),
+                        "objective/entropy": (masked_mean(token_entropy, micro_mask), token_weight),
                     }
-                    for key, value in micro_stats.items():
-                        step_stats[key] = step_stats.get(key, 0.0) + weight * value.detach().float()
+                    for key, (value, share) in micro_stats.items():
+                        step_stats[key] = step_stats.get(key, 0.0) + share * value.detach().float()
                 grad_norm = optimizer_step(accelerator, policy, optimizer, scheduler, gcfg.max_grad_norm)
                 if grad_norm is not None:
                     step_stats["train/grad_norm"] = grad_norm

@@ -64,27 +64,43 @@ def test_vs_trl_runs_both_sides_at_their_defaults_and_at_equal_threads(tmp_path,
     trl_given = []
 
     def ours(stage, run, preset, steps, warmup, overrides, profile=False):
-        return {"total_s": 2.0, "timed_s": 1.0, "threads": 1}
+        return {"total_s": 2.0, "timed_s": 1.0, "threads": 1, "tokens": 640}
 
     def trl(stage, run, preset, steps, warmup, threads, overrides, profile):
-        trl_given.append(threads)
-        return {"total_s": 3.0 if threads is None else 4.0, "timed_s": 1.5, "threads": threads or 2}
+        trl_given.append((stage, threads))
+        return {"total_s": 3.0 if threads is None else 4.0, "timed_s": 1.5, "threads": threads or 2, "tokens": 700}
 
     monkeypatch.setattr(vs_trl, "measure_stage", ours)
     monkeypatch.setattr(vs_trl, "measure_trl", trl)
     monkeypatch.setitem(sys.modules, "trl", SimpleNamespace(__version__="test"))
-    vs_trl.main(["--run", str(tmp_path), "--stages", "sft", "--repeats", "2", "--out", str(tmp_path)])
+    vs_trl.main(["--run", str(tmp_path), "--stages", "sft,grpo", "--repeats", "2", "--out", str(tmp_path)])
 
-    assert trl_given == [None, 1, None, 1]  # default: torch's own count; equal: ours'
+    # default: torch's own count; equal: ours'
+    assert trl_given == [(stage, threads) for _ in range(2) for stage in ("sft", "grpo") for threads in (None, 1)]
     [path] = tmp_path.glob("*.json")
     results = json.loads(path.read_text())
-    assert results["vs_trl"] == {"sft": 1.5}  # at the defaults
-    details = results["vs_trl_details"]["stages"]["sft"]
-    assert details["vs_trl"] == {"default": 1.5, "equal": 2.0}
+    assert results["vs_trl"] == {"sft": 1.5, "grpo": 1.5}  # at the defaults
+    details = results["vs_trl_details"]["stages"]
+    assert details["sft"]["vs_trl"] == {"default": 1.5, "equal": 2.0}
     threads = {
-        setting: {side: s[f"{side}_threads"] for side in ("ours", "trl")} for setting, s in details["seconds"].items()
+        setting: {side: s[f"{side}_threads"] for side in ("ours", "trl")}
+        for setting, s in details["sft"]["seconds"].items()
     }
     assert threads == {"default": {"ours": [1, 1], "trl": [2, 2]}, "equal": {"ours": [1, 1], "trl": [1, 1]}}
+    # GRPO's generation work, each side's count per run, to check that both generated as much
+    grpo = details["grpo"]["seconds"]["default"]
+    assert (grpo["ours_generated_tokens"], grpo["trl_generated_tokens"]) == ([640, 640], [700, 700])
+    assert "ours_generated_tokens" not in details["sft"]["seconds"]["default"]
+
+
+def test_trl_generated_tokens_are_counted_over_the_timed_steps(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    from trl_stages import generated_tokens
+
+    per_step = [10.0, 11.5, 12.0]
+    assert generated_tokens(per_step, warmup=1, total_steps=3, batch_size=64) == (11.5 + 12.0) * 64
+    with pytest.raises(SystemExit, match="TRL recorded 3 generation batches, expected 4"):
+        generated_tokens(per_step, warmup=1, total_steps=4, batch_size=64)
 
 
 def test_step_profile_counts_positions_only_while_started_and_shares_sum_to_one():
