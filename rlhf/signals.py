@@ -7,13 +7,17 @@ its checkpoint there (`checkpoint_due` is then true) and `stop_if_requested` rai
 which `run_stage` turns into one line and exit code 128 + the signal's number (130 for SIGINT, 143
 for SIGTERM, the shell's convention). Outside a loop (start-up, model loading, the final evaluation,
 publishing) there is nothing newer than the last checkpoint to save, so a signal interrupts at
-once; so does a second signal inside a loop, for a user who will not wait.
+once; so does a second signal inside a loop, for a user who will not wait. A repeat of the first
+signal within ECHO_S of it is not a second one but the same stop delivered twice, and is ignored: a
+signal sent to a whole process group (`kill -TERM -<pgid>`, a batch scheduler stopping a job) reaches a
+stage under the pipeline directly and again from the pipeline, which passes on what it gets.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +26,8 @@ HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 _deferring = False  # inside a training loop: a signal waits for the next checkpoint
 _requested: int | None = None  # the signal that asked for a stop, not yet acted on
+_requested_at = 0.0  # when it came (time.monotonic)
+ECHO_S = 1.0  # seconds in which a repeat of that signal is the same stop, delivered twice
 
 
 class Interrupted(Exception):
@@ -38,9 +44,9 @@ class Interrupted(Exception):
 
 
 def _handle(signum: int, frame) -> None:
-    global _requested
+    global _requested, _requested_at
     if _deferring and _requested is None:
-        _requested = signum
+        _requested, _requested_at = signum, time.monotonic()
         print(
             f"{signal.Signals(signum).name} received: saving a checkpoint at the end of this step, then exiting "
             "(send it again to exit at once)",
@@ -48,6 +54,8 @@ def _handle(signum: int, frame) -> None:
             flush=True,
         )
         return
+    if _deferring and signum == _requested and time.monotonic() - _requested_at < ECHO_S:
+        return  # the same stop again (a group-wide signal the pipeline passed on too), not a user who will not wait
     raise Interrupted(signum)
 
 

@@ -63,12 +63,38 @@ def test_a_signal_in_a_training_loop_waits_for_the_checkpoint(tmp_path, capsys):
     assert signal.getsignal(signal.SIGINT) is before  # the handler it replaced is back
 
 
-def test_a_second_signal_interrupts_at_once():
+def test_a_second_signal_interrupts_at_once(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(signals.time, "monotonic", lambda: now[0])
     with signals.graceful_stops():
         signals.defer_stops()
         os.kill(os.getpid(), signal.SIGTERM)
+        now[0] += signals.ECHO_S
         with pytest.raises(signals.Interrupted):
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_the_same_signal_again_at_once_is_one_stop_delivered_twice(tmp_path, monkeypatch, capsys):
+    """A SIGTERM sent to a whole process group reaches a stage directly and, a moment later, from the pipeline that
+    passes it on: the step still ends with its checkpoint. Another signal, or the same one after ECHO_S, is a user
+    who will not wait."""
+    now = [100.0]
+    monkeypatch.setattr(signals.time, "monotonic", lambda: now[0])
+    with signals.graceful_stops():
+        signals.defer_stops()
+        os.kill(os.getpid(), signal.SIGTERM)
+        now[0] += 0.1
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored
+        assert capsys.readouterr().err.count("SIGTERM received") == 1
+        assert signals.checkpoint_due(OneProcess, save_every=0, step=2, total=10)
+        with pytest.raises(signals.Interrupted) as stop:
+            signals.stop_if_requested(tmp_path)
+        assert stop.value.exit_code == 143 and stop.value.checkpoint == tmp_path
+    with signals.graceful_stops():
+        signals.defer_stops()
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(signals.Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)  # another signal: at once, however soon
 
 
 def test_after_the_last_step_a_signal_interrupts_at_once():
