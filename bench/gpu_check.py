@@ -6,8 +6,8 @@ stage's steps. Prints the figures and writes them to bench/results/<device>-<dat
 - whether each pipeline stage ran, and its wall seconds;
 - each timed stage's seconds per step, tokens/s and peak memory;
 - model FLOPs utilisation (MFU) of the SFT, reward and DPO steps, against the device's dense bf16 peak;
-- GRPO's milliseconds per generated sample and generated tokens/s through the `hf` engine (whether vLLM is
-  installed is recorded; the vLLM engine is not wired in yet);
+- GRPO's milliseconds per generated sample and generated tokens/s through the `hf` engine, then through vLLM
+  when it is installed (the pipeline's samplers take vLLM too there, through the preset's `rollout.engine=auto`);
 - the projected time of the whole gpt2-hh pipeline at its preset budgets, from the measured step times.
 
     bash bench/gpu_check.sh                 # GPT-2 124M shape (on a CPU this takes hours: use --shape tiny)
