@@ -103,6 +103,17 @@ def test_trl_generated_tokens_are_counted_over_the_timed_steps(monkeypatch):
         generated_tokens(per_step, warmup=1, total_steps=4, batch_size=64)
 
 
+def test_trl_harness_reward_scores_what_ours_scores(tiny_run):
+    """bench/trl_stages.py's reward function for TRL gives ours' GRPO scores (EOS read, missing-EOS penalty), where
+    TRL's own path, reading the text without its EOS, gives others."""
+    command = [sys.executable, str(REPO / "bench" / "trl_reward_check.py"), "--run", str(tiny_run), "--samples", "16"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["samples"] == 16 and result["harness_max_abs_diff"] < 1e-5
+    assert abs(result["trl_default"] - result["ours"]) > 1e-3
+
+
 def test_step_profile_counts_positions_only_while_started_and_shares_sum_to_one():
     from transformers import GPT2Config, GPT2LMHeadModel
 
