@@ -49,7 +49,7 @@ def _handle(signum: int, frame) -> None:
         _requested, _requested_at = signum, time.monotonic()
         print(
             f"{signal.Signals(signum).name} received: saving a checkpoint at the end of this step, then exiting "
-            "(send it again to exit at once)",
+            "(send it again, a second or more later, to exit at once)",
             file=sys.stderr,
             flush=True,
         )
