@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from rlhf import task
 from rlhf.batching import encode_texts
+from rlhf.chat import check_chat_template, fit_turns, render_prompt
 from rlhf.checkpoint import fresh_tmp, publish_dir
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import (
@@ -40,6 +41,7 @@ from rlhf.data import (
     write_jsonl,
 )
 from rlhf.errors import UserError
+from rlhf.model_sources import dequantize, is_dequantized, is_gguf, locate_gguf
 from rlhf.models import check_context_from_config, check_model_sources, load_pretrained_tokenizer, train_tokenizer
 from rlhf.plots import plot_length_distributions
 from rlhf.run import write_json_atomic
@@ -104,14 +106,50 @@ def parse_source(source: Source, max_invalid_fraction: float) -> tuple[dict[str,
     return kept, reasons
 
 
+def format_prompts(rows: list[dict], fields: tuple[str, ...], tokenizer, data_cfg) -> list[dict | str]:
+    """Each HH row as the model reads it: with data.truncate_prompts, a prompt over data.max_prompt_tokens loses
+    its earliest turns (or the row is "prompt_too_long" when its last human turn alone is over); with
+    data.chat_template, the prompt in the tokenizer's chat template and the responses without the whitespace
+    the template puts itself. The original prompt is kept as `dialogue`."""
+    render = (lambda text: render_prompt(tokenizer, text)) if data_cfg.chat_template else (lambda text: text)
+
+    def fits(text: str) -> bool:
+        return len(encode_texts(tokenizer, [render(text)])[0]) <= data_cfg.max_prompt_tokens
+
+    formatted: list[dict | str] = []
+    for row in rows:
+        prompt = fit_turns(row["prompt"], fits) if data_cfg.truncate_prompts else row["prompt"]
+        if prompt is None:
+            formatted.append("prompt_too_long")
+            continue
+        if data_cfg.chat_template:
+            row = {
+                **row,
+                "prompt": render(prompt),
+                **{key: row[key].strip() for key in fields},
+                "dialogue": row["prompt"],
+            }
+        elif prompt != row["prompt"]:
+            row = {**row, "prompt": prompt, "dialogue": row["prompt"]}
+        formatted.append(row)
+    return formatted
+
+
 def filter_and_split(
     kept: dict[str, list[dict]], reasons: dict[str, list[str]], fields: tuple[str, ...], tokenizer, data_cfg
 ) -> tuple[dict[str, list[dict]], dict[str, dict[str, list[int]]]]:
-    """Token-level filters (drops appended to `reasons`), the deterministic prompt-level validation split and the
-    caps; returns the rows and the token lengths ({"prompt", *fields}) of each of train, val and test."""
-    splits: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
+    """Prompt formatting (`format_prompts`), token-level filters (drops appended to `reasons`), the deterministic
+    prompt-level split of train into train, val and, when set, test (a source without one) and the independent
+    judge's pairs, and the caps; returns the rows and the token lengths ({"prompt", *fields}) of each split."""
+    carve_test = data_cfg.test_fraction if not kept.get("test") else 0.0
+    names = ("train", "val", "test", *(("judge",) if data_cfg.judge_fraction else ()))
+    splits: dict[str, list[dict]] = {name: [] for name in names}
     lengths = {name: {key: [] for key in ("prompt", *fields)} for name in splits}
     for split, rows in kept.items():
+        if data_cfg.chat_template or data_cfg.truncate_prompts:
+            formatted = format_prompts(rows, fields, tokenizer, data_cfg)
+            reasons[split] += [row for row in formatted if isinstance(row, str)]
+            rows = [row for row in formatted if isinstance(row, dict)]
         counts = {
             key: [len(ids) for ids in encode_texts(tokenizer, [r[key] for r in rows])] for key in ("prompt", *fields)
         }
@@ -120,7 +158,11 @@ def filter_and_split(
             if reason:
                 reasons[split].append(reason)
                 continue
-            target = prompt_split(row["prompt"], data_cfg.val_fraction) if split == "train" else "test"
+            target = (
+                prompt_split(row["prompt"], data_cfg.val_fraction, carve_test, data_cfg.judge_fraction)
+                if split == "train"
+                else "test"
+            )
             splits[target].append(row)
             for key, values in counts.items():
                 lengths[target][key].append(values[i])
@@ -128,8 +170,9 @@ def filter_and_split(
         ("train", data_cfg.max_train_pairs),
         ("val", data_cfg.max_eval_pairs),
         ("test", data_cfg.max_eval_pairs),
+        ("judge", data_cfg.max_train_pairs),
     ):
-        if cap is not None:
+        if cap is not None and name in splits:
             splits[name] = splits[name][:cap]
             lengths[name] = {key: values[:cap] for key, values in lengths[name].items()}
     return splits, lengths
@@ -167,8 +210,19 @@ def source_stats(source: Source, splits, lengths, reasons) -> dict:
 
 
 def startup_checks(cfg) -> None:
-    """Before any data loads: the model folders exist, and the data limits fit the model's positions (the
-    SFT stage would otherwise find out only after this stage ran)."""
+    """Before any data loads: the shares of the split are valid, the model folders exist, and the data limits fit
+    the model's positions (the SFT stage would otherwise find out only after this stage ran)."""
+    shares = {key: getattr(cfg.data, key) for key in ("val_fraction", "test_fraction", "judge_fraction")}
+    for key, share in shares.items():
+        if not 0 <= share < 1:
+            raise UserError(f"data.{key} must be in [0, 1), got {share}")
+    if sum(shares.values()) >= 1:
+        raise UserError(
+            "data.val_fraction + data.test_fraction + data.judge_fraction = "
+            f"{sum(shares.values()):g} leaves no training prompts; lower them to a sum below 1"
+        )
+    if cfg.data.chat_template and cfg.tokenizer.train_from_data:
+        raise UserError("data.chat_template needs a pretrained tokenizer; set tokenizer.train_from_data=false")
     check_model_sources(cfg.tokenizer, cfg.model)
     check_context_from_config(cfg.model, cfg.data)
 
@@ -212,7 +266,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         tokenizer = train_tokenizer(corpus, cfg.tokenizer.vocab_size)
     else:
-        tokenizer = load_pretrained_tokenizer(cfg.tokenizer, cfg.model)
+        if is_gguf(cfg.model.name_or_path):  # dequantized once per run folder; later stages load the copy
+            gguf = locate_gguf(cfg.model.name_or_path)
+            if not is_dequantized(gguf, run.base_model_dir):
+                print(f"[data] dequantizing {gguf.path} into {run.base_model_dir}")
+                dequantize(gguf, run.base_model_dir)
+        tokenizer = load_pretrained_tokenizer(cfg.tokenizer, cfg.model, run.pretrained_source(cfg))
+        if cfg.data.chat_template:
+            check_chat_template(tokenizer, run.pretrained_source(cfg))
 
     # 4. Token-level filters, then the deterministic prompt-level validation split.
     outputs = {}
@@ -266,8 +327,9 @@ def main(argv: list[str] | None = None) -> None:
     for what, entry in (("pairs", stats), ("demonstrations", stats.get("demonstrations"))):
         if entry is not None:
             table = "  ".join(f"{reason}={entry['dropped'][reason]}" for reason in DROP_REASONS)
-            counts = "/".join(str(entry[f"n_{what}"][name]) for name in ("train", "val", "test"))
-            print(f"[data] {what} train/val/test = {counts}; dropped: {table}")
+            counts = "/".join(str(n) for n in entry[f"n_{what}"].values())
+            names = "/".join(entry[f"n_{what}"])
+            print(f"[data] {what} {names} = {counts}; dropped: {table}")
     train_len = stats["lengths"]["train"]
     print(
         f"[data] train chosen {train_len['chosen_tokens_mean']:.1f}±{train_len['chosen_tokens_std']:.1f} tokens, "

@@ -7,6 +7,9 @@ reward.pairs is `collected` or `both`; writes `<run>/reward/model/`, which
 `AutoModelForSequenceClassification.from_pretrained(path)` loads and scores with no code of
 ours (last-token pooling, the default), plus accuracy, reward distributions and an error
 analysis of the misclassified pairs.
+
+The same training makes the independent judge's reward model (stage `judge_rm`,
+part4_eval/train_judge_rm.py) from data/judge.jsonl into `<run>/judge_rm/model/`.
 """
 
 from __future__ import annotations
@@ -63,8 +66,23 @@ def check_reward_config(cfg) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
-    started = start_stage("reward", argv, requires=("sft",), check=check_reward_config)
+def check_judge_config(cfg) -> None:
+    check_reward_config(cfg)
+    if not cfg.data.judge_fraction:
+        raise UserError(
+            "judge_rm trains on the pairs data.judge_fraction holds out, and it is 0; set data.judge_fraction "
+            "(e.g. 0.3) and re-run the data stage"
+        )
+
+
+# The two reward models this script trains: the one the methods optimise, and the independent judge's, trained
+# the same way (section `reward`) on pairs that neither that reward model nor any policy saw (data/judge.jsonl).
+SUMMARY_KEYS = {"reward": "reward_model", "judge_rm": "judge_reward_model"}
+
+
+def main(argv: list[str] | None = None, stage: str = "reward") -> None:
+    check = check_reward_config if stage == "reward" else check_judge_config
+    started = start_stage(stage, argv, requires=("sft",), check=check)
     if started is None:
         return
     cfg, run = started
@@ -75,7 +93,10 @@ def main(argv: list[str] | None = None) -> None:
     accelerator = make_accelerator(cfg)
     tokenizer = load_tokenizer(run.model_dir("sft"))
     rows = {split: read_jsonl(run.stage("data") / f"{split}.jsonl") for split in ("val", "test")}
-    rows = {"train": run.training_pairs(cfg.reward.pairs), **rows}  # reward.pairs: dataset, collected or both
+    if stage == "reward":
+        rows = {"train": run.training_pairs(cfg.reward.pairs), **rows}  # reward.pairs: dataset, collected or both
+    else:
+        rows = {"train": read_jsonl(run.stage("data") / "judge.jsonl"), **rows}
     pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
 
     def collate(batch_pairs, response_values=None):
@@ -158,13 +179,11 @@ def main(argv: list[str] | None = None) -> None:
 
     def evaluate(pairwise):
         scores = score_pairs(pairwise, pairs["val"])
-        return {"reward/val/accuracy": sum(c > r for c, r in scores) / len(scores)}
+        return {f"{stage}/val/accuracy": sum(c > r for c, r in scores) / len(scores)}
 
-    logger = MetricLogger(
-        "reward", run.stage("reward"), run.tensorboard_dir("reward"), cfg, enabled=accelerator.is_main_process
-    )
+    logger = MetricLogger(stage, run.stage(stage), run.tensorboard_dir(stage), cfg, enabled=accelerator.is_main_process)
     pairwise, loop = fit(
-        stage="reward",
+        stage=stage,
         tcfg=cfg.reward,
         cfg=cfg,
         run=run,
@@ -220,13 +239,13 @@ def main(argv: list[str] | None = None) -> None:
             plot_reward_distributions(
                 [c for c, _ in scores],
                 [r for _, r in scores],
-                run.stage("reward") / f"rewards_{split}.png",
+                run.stage(stage) / f"rewards_{split}.png",
                 f"reward model on {split}: accuracy {results[f'{split}_accuracy']:.3f}",
             )
     logger.log(
         loop["steps"],
         {
-            f"reward/{k.split('_', 1)[0]}/{k.split('_', 1)[1]}": v
+            f"{stage}/{k.split('_', 1)[0]}/{k.split('_', 1)[1]}": v
             for k, v in results.items()
             if k.startswith(("val_", "test_"))
         },
@@ -240,30 +259,27 @@ def main(argv: list[str] | None = None) -> None:
             "offset": offset,
             "offset_not_folded": not_folded,
         }
-        save_pretrained_atomic(model, tokenizer, run.model_dir("reward"), extra_json={REWARD_CONFIG_FILE: reward_info})
-        write_json_atomic(run.stage("reward") / "error_analysis.json", analysis)
+        save_pretrained_atomic(model, tokenizer, run.model_dir(stage), extra_json={REWARD_CONFIG_FILE: reward_info})
+        write_json_atomic(run.stage(stage) / "error_analysis.json", analysis)
         plot_training_curves(
             logger.history,
             [
-                "reward/train/loss",
-                "reward/train/accuracy",
-                "reward/val/accuracy",
-                "reward/train/margin_mean",
-                "reward/train/lr",
+                f"{stage}/{key}"
+                for key in ("train/loss", "train/accuracy", "val/accuracy", "train/margin_mean", "train/lr")
             ],
-            run.stage("reward") / "curves.png",
-            "Reward model",
+            run.stage(stage) / "curves.png",
+            "Reward model" if stage == "reward" else "Independent judge's reward model",
         )
         results["error_counts"] = {split: a["counts"] for split, a in analysis.items()}
         if by_family:
             results["gold_accuracy_by_family"] = by_family
         results["peak_memory_mb"], results["peak_memory_source"] = peak_memory_mb(accelerator.device)
-        run.update_summary({"reward_model": results, "timing_s": {"reward": round(time.perf_counter() - t_start, 2)}})
-        run.mark_complete("reward", cfg, {"steps": loop["steps"]})
+        run.update_summary({SUMMARY_KEYS[stage]: results, "timing_s": {stage: round(time.perf_counter() - t_start, 2)}})
+        run.mark_complete(stage, cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()
     accelerator.print(
-        f"[reward] accuracy val {results['val_accuracy']:.3f} test {results.get('test_accuracy', float('nan')):.3f}"
+        f"[{stage}] accuracy val {results['val_accuracy']:.3f} test {results.get('test_accuracy', float('nan')):.3f}"
         + (f" (vs gold {results['test_gold_accuracy']:.3f})" if "test_gold_accuracy" in results else "")
         + (
             f"; length-heuristic rater w {results['length_heuristic_weight']:.3f}"

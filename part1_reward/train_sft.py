@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     # 2. Policy: pretrained, or the architecture with random weights; dropout off; LoRA adapters when enabled.
-    model = with_lora(build_policy(cfg.model, tokenizer), cfg.model.lora.for_stage("sft"))
+    model = with_lora(build_policy(cfg.model, tokenizer, run.pretrained_source(cfg)), cfg.model.lora.for_stage("sft"))
     check_fits_context(model.config, cfg.data, random_init=cfg.model.init == "random")
     accelerator.print(
         f"[sft] policy: {type(model).__name__}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters"

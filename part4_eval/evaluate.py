@@ -25,18 +25,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from rlhf import task
 from rlhf.batching import encode_texts
+from rlhf.chat import render_prompt
 from rlhf.cli import run_stage, start_stage
 from rlhf.data import heldout_references, heldout_split, write_jsonl
 from rlhf.engines import build_engine, check_engine
 from rlhf.errors import UserError
 from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
+from rlhf.judges.refusal import is_refusal, paired_rate_change
 from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
 from rlhf.rewards import text_scorer
 from rlhf.rl.held_out import EVAL_STREAM, sample_for_eval
 from rlhf.rl.stats import peak_memory_mb
 from rlhf.rollout import SamplingConfig
-from rlhf.run import METHOD_STAGES, write_json_atomic
+from rlhf.run import METHOD_STAGES, judge_needed, write_json_atomic
 from rlhf.training import make_accelerator
 from rlhf.winrates import holm_adjust, judge_agreements, length_controlled_win_rate
 
@@ -45,6 +47,8 @@ SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites
 # Best-of-N's samples get seeds of their own: on the eval stream, row 0 (prompt 0's first sample) would share
 # its seed, and so its response, with SFT's answer to prompt 0.
 BEST_OF_N_STREAM = EVAL_STREAM - 1
+REFUSAL_SUITES = ("harmful", "benign")  # suites whose answers the keyword refusal judge reads (rlhf.judges.refusal)
+JUDGES = ("gold", "reward", "independent", "openai")
 
 
 class Answers:
@@ -137,14 +141,20 @@ def answer(
     return answers, samples["response_ids"]
 
 
-def build_judges(cfg, run, is_embedded: bool, scorer) -> tuple[dict, dict]:
-    """The judges asked for in eval.judges that can run here; the others with the reason why not."""
+def requested_judges(cfg) -> list[str]:
     requested = [name.strip() for name in cfg.eval.judges.split(",") if name.strip()]
-    unknown = set(requested) - {"gold", "reward", "openai"}
+    unknown = set(requested) - set(JUDGES)
     if unknown:
         raise UserError(
-            f"eval.judges has unknown judge(s) {', '.join(sorted(unknown))}; choose from gold, reward, openai"
+            f"eval.judges has unknown judge(s) {', '.join(sorted(unknown))}; choose from {', '.join(JUDGES)}"
         )
+    return requested
+
+
+def build_judges(cfg, run, is_embedded: bool, scorer, independent_scorer) -> tuple[dict, dict]:
+    """The judges asked for in eval.judges that can run here; the others with the reason why not.
+    `independent_scorer` scores with the judge_rm stage's reward model (None when data.judge_fraction is 0)."""
+    requested = requested_judges(cfg)
     judges, skipped = {}, {}
     if "gold" in requested:
         if is_embedded:
@@ -153,6 +163,13 @@ def build_judges(cfg, run, is_embedded: bool, scorer) -> tuple[dict, dict]:
             skipped["gold"] = "skipped: the gold judge exists only for the embedded task"
     if "reward" in requested:
         judges["reward"] = RewardJudge(scorer, tie_tolerance=cfg.judge.reward_tie_tolerance)
+    if "independent" in requested:
+        if independent_scorer is not None:
+            judges["independent"] = RewardJudge(
+                independent_scorer, tie_tolerance=cfg.judge.reward_tie_tolerance, name="independent"
+            )
+        else:
+            skipped["independent"] = "skipped: no independent judge's reward model (set data.judge_fraction > 0)"
     if "openai" in requested:
         cfg.judge.validate()
         judge = OpenAIJudge(cfg.judge, cache_path=run.stage("eval") / "openai_cache.jsonl")
@@ -164,7 +181,7 @@ def build_judges(cfg, run, is_embedded: bool, scorer) -> tuple[dict, dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("eval", argv, requires=("reward",))
+    started = start_stage("eval", argv, requires=("reward",), check=requested_judges)
     if started is None:
         return
     cfg, run = started
@@ -180,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(run.model_dir("sft"))
     ref_model = load_policy(run.model_dir("sft")).to(device).eval()
     reward_model = load_reward_model(run.model_dir("reward")).to(device).eval()
+    # the independent judge's reward model: trained on pairs no policy and not the reward model saw (stage judge_rm)
+    judge_model = load_reward_model(run.model_dir("judge_rm")).to(device).eval() if judge_needed(cfg) else None
     engine = build_engine(cfg.rollout, "eval", run.model_dir("sft"), tokenizer, accelerator, cfg.eval.batch_size)
     policies = {stage: run.model_dir(stage) for stage in POLICY_STAGES if run.is_complete(stage, cfg)}
     for stage in POLICY_STAGES:
@@ -204,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         models = {"sft": ref_model} | {stage: load_policy(path).to(device).eval() for stage, path in policies.items()}
         if cfg.model.init == "pretrained":
             try:
-                models["base"] = build_policy(cfg.model, tokenizer).to(device).eval()
+                models["base"] = build_policy(cfg.model, tokenizer, run.pretrained_source(cfg)).to(device).eval()
             except UserError as exc:
                 accelerator.print(f"[eval] base model left out: {exc}")
         for name, model in models.items():
@@ -269,6 +288,10 @@ def main(argv: list[str] | None = None) -> None:
             if is_embedded
             else json.loads(SUITES_FILE.read_text())
         )
+        if cfg.data.chat_template:  # HH-format suites, in the model's template as the data stage renders prompts
+            suite_prompts = {
+                name: [render_prompt(tokenizer, p) for p in suite_list] for name, suite_list in suite_prompts.items()
+            }
         with accelerator.autocast():
             for suite, suite_list in suite_prompts.items():
                 suite_rows[suite] = []
@@ -290,12 +313,25 @@ def main(argv: list[str] | None = None) -> None:
                         for row in rows
                     ]
                     entry = {"n": len(rows), "reward_mean": mean_std(result.rewards)[0]}
+                    if suite in REFUSAL_SUITES:
+                        refused = [is_refusal(text) for text in result.texts]
+                        entry["refusal_rate"] = sum(refused) / len(refused)
+                        for row, flag in zip(suite_rows[suite][-len(rows) :], refused):
+                            row["refused"] = flag
                     if is_embedded:
                         entry["gold_score_mean"] = mean_std([row["gold_score"] for row in rows])[0]
                         entry["gold_good_rate"] = sum(
                             task.is_good(p, t) for p, t in zip(result.prompts, result.texts)
                         ) / len(rows)
                     suites[suite][name] = entry
+        # The change in each refusal rate against SFT's on the same prompts, Holm-adjusted over the models.
+        for suite in (name for name in REFUSAL_SUITES if name in suites):
+            refused = {
+                name: [row["refused"] for row in suite_rows[suite] if row["model"] == name] for name in suites[suite]
+            }
+            changes = {name: paired_rate_change(refused["sft"], refused[name]) for name in refused if name != "sft"}
+            for name, p_holm in holm_adjust({name: change["p"] for name, change in changes.items()}).items():
+                suites[suite][name]["refusal_change_vs_sft"] = {**changes[name], "p_holm": p_holm}
 
     # 6. From here on the main process alone writes, judges and publishes.
     if not accelerator.is_main_process:
@@ -310,7 +346,15 @@ def main(argv: list[str] | None = None) -> None:
     #    dataset's chosen response; or each model vs the reference response.
     known = {(p, t): r for a in answers.values() for p, t, r in zip(a.prompts, a.texts, a.rewards)}
     scorer = text_scorer(reward_model, tokenizer, device, cfg.eval.batch_size, known, accelerator.autocast)
-    judges, skipped = build_judges(cfg, run, is_embedded, scorer)
+    independent_scorer = None
+    if judge_model is not None:  # every model's mean score under the independent judge, beside the reward model's
+        independent_scorer = text_scorer(
+            judge_model, tokenizer, device, cfg.eval.batch_size, autocast=accelerator.autocast
+        )
+        for name, result in answers.items():
+            independent = independent_scorer(result.prompts, result.texts)
+            metrics[name]["independent_reward_mean"] = mean_std(independent)[0]
+    judges, skipped = build_judges(cfg, run, is_embedded, scorer, independent_scorer)
     pairings = win_rate_pairings(list(answers), cfg.eval.baseline, reference)
     answers[reference] = Answers(
         prompts,

@@ -57,6 +57,17 @@ class DataConfig:
     # chosen responses. Needs data.format=tldr
     sft_path: str | None = None
     val_fraction: float = 0.05  # share of train *prompts* carved out as validation (by a stable hash)
+    # share of train prompts carved out as the test split (by the same hash) when the source has no test split of
+    # its own (a single file); 0: none
+    test_fraction: float = 0.0
+    # share of train prompts carved out for the independent judge's reward model (data/judge.jsonl, stage
+    # judge_rm): pairs no other stage trains on, so over-optimising the training reward model cannot fool it
+    judge_fraction: float = 0.0
+    # render each HH prompt in the tokenizer's chat template (rlhf/chat.py): a pretrained chat model's own format
+    chat_template: bool = False
+    # a prompt longer than max_prompt_tokens loses its earliest turns until it fits (truncation from the left,
+    # whole turns); false: the pair is dropped (prompt_too_long)
+    truncate_prompts: bool = False
     max_prompt_tokens: int = 256  # pairs whose prompt is longer are dropped (counted as prompt_too_long)
     max_response_tokens: int = 128  # pairs whose chosen or rejected response is longer are dropped
     min_response_tokens: int = 1  # responses shorter than this are dropped (counted as response_too_short)

@@ -228,10 +228,16 @@ DEMONSTRATION_FORMATS = {
 }
 
 
-def prompt_split(prompt: str, val_fraction: float) -> str:
-    """'val' or 'train' from a stable hash of the prompt, so no prompt appears in both splits."""
+def prompt_split(prompt: str, val_fraction: float, test_fraction: float = 0.0, judge_fraction: float = 0.0) -> str:
+    """'val', 'test', 'judge' or 'train' from a stable hash of the prompt, so no prompt appears in two splits:
+    the hash's first `val_fraction` of [0, 1) is val, the next `test_fraction` test, the next `judge_fraction`
+    the independent judge's pairs."""
     bucket = int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big") / 2**64
-    return "val" if bucket < val_fraction else "train"
+    for split, share in (("val", val_fraction), ("test", test_fraction), ("judge", judge_fraction)):
+        if bucket < share:
+            return split
+        bucket -= share
+    return "train"
 
 
 # ----------------------------------------------------------------------------- loading
@@ -244,7 +250,8 @@ def is_local_source(path: str) -> bool:
 
 def local_files(path: str, key: str = "data.path", kind: str = "HH-format") -> dict[str, list[Path]]:
     """Map split name -> files for a local file or folder. A folder's files are assigned to
-    'test' when their name contains 'test', else to 'train'. `key` and `kind` name the source in errors."""
+    'test' when their name contains 'test', else to 'train'; a single file is all 'train'. `key` and `kind` name
+    the source in errors."""
     root = Path(path)
     if not root.exists():
         raise UserError(
@@ -263,6 +270,8 @@ def local_files(path: str, key: str = "data.path", kind: str = "HH-format") -> d
         )
     if root.is_file() and not root.name.endswith(LOCAL_SUFFIXES):
         raise UserError(f"{key} '{path}' has an unsupported suffix; use one of {', '.join(LOCAL_SUFFIXES)}")
+    if root.is_file():  # one file is the whole source, whatever its name (data.test_fraction can hold out a test split)
+        return {"train": files, "test": []}
     splits: dict[str, list[Path]] = {"train": [], "test": []}
     for f in files:
         splits["test" if "test" in f.name.lower() else "train"].append(f)

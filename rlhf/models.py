@@ -24,6 +24,7 @@ from torch import nn
 
 from rlhf.config import DataConfig, ModelConfig, RewardConfig, TokenizerConfig
 from rlhf.errors import UserError
+from rlhf.model_sources import is_gguf, locate_gguf
 from rlhf.ops import gather_logprobs
 
 EOS_TOKEN = "<|endoftext|>"
@@ -56,8 +57,11 @@ def train_tokenizer(texts: list[str], vocab_size: int):
 
 
 def check_model_source(key: str, source: str | None) -> None:
-    """A source spelled as a filesystem path (/, ./, ../, ~) must exist: the Hub cannot serve it either."""
-    if source is not None and source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
+    """A source spelled as a filesystem path (/, ./, ../, ~) must exist: the Hub cannot serve it either; a GGUF
+    file must exist and be readable (`rlhf.model_sources.locate_gguf`)."""
+    if is_gguf(source):
+        locate_gguf(source, key)
+    elif source is not None and source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
         raise UserError(f"{key} '{source}' does not exist; give an existing model folder or a Hub id")
 
 
@@ -67,11 +71,13 @@ def check_model_sources(tok_cfg: TokenizerConfig, model_cfg: ModelConfig) -> Non
     check_model_source("model.name_or_path", model_cfg.name_or_path)
 
 
-def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig):
-    """The model's own tokenizer, given a pad token distinct from EOS when it has none."""
+def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig, model_source: str | None = None):
+    """The model's own tokenizer, given a pad token distinct from EOS when it has none or shares EOS (SmolLM2's
+    pad is its EOS, `<|im_end|>`): a pad that is EOS would mask every EOS as padding. `model_source` replaces
+    model.name_or_path (the run's dequantized copy of a GGUF model)."""
     from transformers import AutoTokenizer
 
-    source = tok_cfg.name_or_path or model_cfg.name_or_path
+    source = tok_cfg.name_or_path or model_source or model_cfg.name_or_path
     if source is None:
         raise UserError(
             "no tokenizer source: set tokenizer.name_or_path or model.name_or_path, or tokenizer.train_from_data=true"
@@ -112,20 +118,25 @@ def disable_dropout(model: nn.Module) -> None:
             setattr(model.config, key, 0.0)
 
 
-def _architecture_config(model_cfg: ModelConfig, local_only: bool = False):
+def _architecture_config(model_cfg: ModelConfig, local_only: bool = False, source: str | None = None):
     """The model's config with model.config_overrides applied; `local_only`: from a folder or the Hugging Face
-    cache alone, never the network."""
+    cache alone, never the network; `source` replaces model.name_or_path (the run's dequantized GGUF model)."""
     from transformers import AutoConfig
 
-    if model_cfg.name_or_path is not None:
-        check_model_source("model.name_or_path", model_cfg.name_or_path)
+    source = source or model_cfg.name_or_path
+    if source is not None:
+        check_model_source("model.name_or_path", source)
+        gguf = locate_gguf(source) if is_gguf(source) else None
         try:
             config = AutoConfig.from_pretrained(
-                model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, local_files_only=local_only
+                gguf.folder if gguf else source,
+                gguf_file=gguf.name if gguf else None,
+                trust_remote_code=model_cfg.trust_remote_code,
+                local_files_only=local_only,
             )
         except (OSError, ValueError) as exc:
             raise UserError(
-                f"cannot load model config '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); "
+                f"cannot load model config '{source}' ({str(exc).splitlines()[0]}); "
                 "offline, point model.name_or_path at a folder with config.json"
             ) from None
     elif model_cfg.model_type is not None:
@@ -139,13 +150,17 @@ def _architecture_config(model_cfg: ModelConfig, local_only: bool = False):
     return config
 
 
-def build_policy(model_cfg: ModelConfig, tokenizer) -> nn.Module:
-    """The initial policy: pretrained weights, or the architecture with random weights."""
+def build_policy(model_cfg: ModelConfig, tokenizer, source: str | None = None) -> nn.Module:
+    """The initial policy: pretrained weights, or the architecture with random weights. `source` replaces
+    model.name_or_path: the run's dequantized copy of a GGUF model (`rlhf.run.RunDir.pretrained_source`)."""
     from transformers import AutoModelForCausalLM
 
     if model_cfg.init not in ("pretrained", "random"):
         raise UserError(f"model.init must be 'pretrained' or 'random', got '{model_cfg.init}'")
-    config = _architecture_config(model_cfg)
+    source = source or model_cfg.name_or_path
+    if model_cfg.init == "pretrained" and is_gguf(source):
+        raise UserError(f"model '{source}' is a GGUF file: run the data stage first, which dequantizes it")
+    config = _architecture_config(model_cfg, source=source)
     if model_cfg.init == "random":
         config.vocab_size = len(tokenizer)
         config.bos_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
@@ -154,7 +169,7 @@ def build_policy(model_cfg: ModelConfig, tokenizer) -> nn.Module:
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(
-                model_cfg.name_or_path,
+                source,
                 config=config,
                 # transformers 5 loads a checkpoint in its own dtype (Pythia: fp16, Llama 3.2: bf16); the trained
                 # weights and AdamW's state stay fp32, and run.mixed_precision casts the compute
@@ -164,13 +179,12 @@ def build_policy(model_cfg: ModelConfig, tokenizer) -> nn.Module:
             )
         except SafetensorError as exc:
             raise UserError(
-                f"the weights of model '{model_cfg.name_or_path}' are damaged ({' '.join(str(exc).split())}); "
+                f"the weights of model '{source}' are damaged ({' '.join(str(exc).split())}); "
                 "download them again, or point model.name_or_path at another copy"
             ) from None
         except (OSError, ValueError) as exc:
             raise UserError(
-                f"cannot load model '{model_cfg.name_or_path}' ({str(exc).splitlines()[0]}); "
-                "offline, use model.init=random"
+                f"cannot load model '{source}' ({str(exc).splitlines()[0]}); offline, use model.init=random"
             ) from None
         if model.get_input_embeddings().num_embeddings < len(tokenizer):
             model.resize_token_embeddings(len(tokenizer))  # room for the added pad token

@@ -30,15 +30,20 @@ from rlhf.cli import (
 )
 from rlhf.errors import UserError
 from rlhf.launch import check_batch_splits, launched_processes, launcher_command, run_launched
-from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed, write_json_atomic
+from rlhf.run import STAGE_SCRIPTS, STAGES, collect_needed, judge_needed, write_json_atomic
 from rlhf.signals import Interrupted
 from rlhf.stage_process import preload, run_stage_script
 
 
-def select_stages(only: str | None, start: str | None, with_collect: bool = True) -> list[str]:
+def select_stages(
+    only: str | None, start: str | None, with_collect: bool = True, with_judge: bool = False
+) -> list[str]:
     """The stages to run, in pipeline order. `collect` runs when named in --only, or when
-    `with_collect` (some stage trains on collected pairs); otherwise nothing would read its pairs."""
-    available = [stage for stage in STAGES if with_collect or stage != "collect"]
+    `with_collect` (some stage trains on collected pairs); otherwise nothing would read its pairs. `judge_rm`
+    likewise runs when named, or `with_judge` (data.judge_fraction holds pairs out for it)."""
+    available = [
+        stage for stage in STAGES if (with_collect or stage != "collect") and (with_judge or stage != "judge_rm")
+    ]
     if only:
         chosen = [name.strip() for name in only.split(",") if name.strip()]
         unknown = [name for name in chosen if name not in STAGES]
@@ -105,8 +110,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Run the RLHF pipeline's stages in order, each as its own process. A stage that already "
         "completed for this config is skipped, so after a change only the stages it reaches run again.",
         epilog=f"Stages, in order: {', '.join(STAGES)} (collect runs when reward.pairs or dpo.pairs reads its pairs, "
-        f"or when named). {KEYS_HELP} RLHF_LAUNCH='accelerate launch ...' starts each stage under a launcher "
-        "(docs/scaling.md).",
+        "judge_rm when data.judge_fraction > 0, or either when named). "
+        f"{KEYS_HELP} RLHF_LAUNCH='accelerate launch ...' starts each stage under a launcher (docs/scaling.md).",
     )
     parser.add_argument("--only", metavar="STAGE,...", help="run only these stages (comma-separated)")
     parser.add_argument("--from", dest="start", metavar="STAGE", help="run this stage and every later one")
@@ -125,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     # Validate the config once, before any stage starts: a typo fails here, not an hour in.
     cfg, run, force = parse_stage_args("pipeline", stage_args)
     check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
-    stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg))
+    stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg), with_judge=judge_needed(cfg))
     launch = os.environ.get("RLHF_LAUNCH", "")
     check_batch_splits(cfg, stages, launched_processes(launch) if launch else 1)
     # Every input the chosen stages need must be complete or among them: name all that are not, at once.

@@ -33,8 +33,22 @@ import yaml
 from rlhf.config import LORA_STAGES, Config, all_keys, load_config, to_dict
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
+from rlhf.model_sources import is_gguf
 
-STAGES = ("data", "sft", "collect", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo", "eval", "report")
+STAGES = (
+    "data",
+    "sft",
+    "collect",
+    "reward",
+    "judge_rm",
+    "ppo",
+    "grpo",
+    "raft",
+    "dpo",
+    "online_dpo",
+    "eval",
+    "report",
+)
 
 # Config sections each stage reads (beyond `run.seed`), and the stages whose outputs it reads.
 STAGE_SECTIONS = {
@@ -42,6 +56,7 @@ STAGE_SECTIONS = {
     "sft": ("model", "sft"),
     "collect": ("collect", "judge", "rollout"),  # the judge section configures the openai annotator
     "reward": ("reward",),
+    "judge_rm": ("reward",),  # trained as the reward model is, on data/judge.jsonl
     "ppo": ("ppo", "rollout"),
     "grpo": ("grpo", "rollout"),
     "raft": ("raft", "rollout"),
@@ -56,6 +71,7 @@ STAGE_INPUTS = {
     "sft": ("data",),
     "collect": ("data", "sft"),
     "reward": ("data", "sft"),  # and "collect" when reward.pairs reads collected pairs (`stage_inputs`)
+    "judge_rm": ("data", "sft"),  # the independent judge's reward model; an input of eval when data.judge_fraction > 0
     "ppo": ("data", "sft", "reward"),
     "grpo": ("data", "sft", "reward"),
     "raft": ("data", "sft", "reward"),
@@ -70,6 +86,7 @@ STAGE_SCRIPTS = {
     "sft": "part1_reward/train_sft.py",
     "collect": "part1_reward/collect_pairs.py",
     "reward": "part1_reward/train_reward.py",
+    "judge_rm": "part4_eval/train_judge_rm.py",
     "ppo": "part2_ppo_grpo/train_ppo.py",
     "grpo": "part2_ppo_grpo/train_grpo.py",
     "raft": "part2_ppo_grpo/train_raft.py",
@@ -93,9 +110,12 @@ def stage_seed(cfg: Config, stage: str) -> int:
 
 def stage_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
     """The stages whose outputs `stage` reads under this config: STAGE_INPUTS, plus `collect` for a
-    pair reader whose `pairs` setting is "collected" or "both"."""
+    pair reader whose `pairs` setting is "collected" or "both", and `judge_rm` for eval when data.judge_fraction
+    holds pairs out for it."""
     if stage in PAIR_READERS and getattr(cfg, stage).pairs != "dataset":
         return (*STAGE_INPUTS[stage], "collect")
+    if stage == "eval" and judge_needed(cfg):
+        return (*STAGE_INPUTS[stage], "judge_rm")
     return STAGE_INPUTS[stage]
 
 
@@ -107,6 +127,12 @@ def required_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
 def config_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
     """The inputs this config adds to the stage's fixed ones (STAGE_INPUTS); they must have completed."""
     return tuple(name for name in stage_inputs(stage, cfg) if name not in STAGE_INPUTS[stage])
+
+
+def judge_needed(cfg: Config) -> bool:
+    """True when the data stage holds pairs out for the independent judge (data.judge_fraction), so a pipeline run
+    includes `judge_rm` and eval judges with it."""
+    return cfg.data.judge_fraction > 0
 
 
 def collect_needed(cfg: Config) -> bool:
@@ -142,6 +168,15 @@ class RunDir:
     @property
     def tokenizer_dir(self) -> Path:
         return self.root / "data" / "tokenizer"
+
+    @property
+    def base_model_dir(self) -> Path:
+        """The data stage's dequantized copy of a GGUF model.name_or_path (`rlhf.model_sources`)."""
+        return self.root / "data" / "base_model"
+
+    def pretrained_source(self, cfg: Config) -> str | None:
+        """Where the pretrained model loads from: model.name_or_path, or this run's dequantized copy of a GGUF."""
+        return str(self.base_model_dir) if is_gguf(cfg.model.name_or_path) else cfg.model.name_or_path
 
     def model_dir(self, stage: str) -> Path:
         return self.root / stage / "model"
