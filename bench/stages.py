@@ -11,7 +11,11 @@ process, so that peak memory (max RSS on CPU) and thread settings belong to one 
   grouped). DPO's reference pass over those pairs (`split_logps`, forward-only, as the stage
   precomputes it) runs before the first step and counts in `total_s`. The reward model is trained
   with the Bradley-Terry loss alone (`reward.logprob_distill_coef` is a stage option TRL has no
-  counterpart of; its SFT forward pass is left out).
+  counterpart of; its SFT forward pass is left out). With `model.lora` on for the stage, the model
+  is built as the stage builds it (`rlhf.lora.with_lora`: adapters on frozen weights, the reward
+  model's score head trained in full; DPO's reference is the policy with its adapters disabled).
+  Every sequence trained on, warm-up included, is recorded (`trained`, bench/trained_sequences.py),
+  so that bench/vs_trl.py can check that TRL read the same tokens.
 - ppo, grpo: the stage script itself (`main`), run in a scratch run folder whose data/, sft/ and
   reward/ link to the given run, for (warm-up + steps) iterations; its per-iteration
   `<rl>/time/{generate_s,score_s,train_s}` metrics are read back from metrics.jsonl. Held-out
@@ -34,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run as a script: the stage modules (part*/) import from the repo root
 
 from profiling import StepProfile  # noqa: E402
+from trained_sequences import TrainedSequences  # noqa: E402
 
 from rlhf.batching import (  # noqa: E402
     collate_sequences,
@@ -45,6 +50,7 @@ from rlhf.batching import (  # noqa: E402
 from rlhf.config import Config, load_config, preset_path  # noqa: E402
 from rlhf.data import read_demonstrations, read_jsonl  # noqa: E402
 from rlhf.dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
+from rlhf.lora import load_trainable_policy, reference_policy, with_lora  # noqa: E402
 from rlhf.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
 from rlhf.models import (  # noqa: E402
     SharedPromptPairRewards,
@@ -86,6 +92,8 @@ class StageResult:
     device: str
     split_s: dict[str, float] = field(default_factory=dict)  # RL: generate / score / train seconds of the timed steps
     profile: dict = field(default_factory=dict)  # StepProfile.summary(): offline, the timed steps; RL, the stage
+    trainable_params: int = 0  # parameters the optimizer updates (LoRA: adapters and heads); RL: the policy's
+    trained: dict = field(default_factory=dict)  # offline: TrainedSequences.summary() of every step, warm-up included
 
     @property
     def examples(self) -> int:
@@ -103,6 +111,7 @@ class OfflineWorkload:
     collate: object
     loss_fn: object
     pad_id: int  # tokens other than this one are counted
+    sequences: object  # a collated micro-batch -> [(token ids, context length)] of the sequences it trains on
 
 
 def train_rows(run: RunDir, n: int) -> list[dict]:
@@ -129,9 +138,27 @@ def sft_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
         )
 
     # The SFT stage trains from model.init (random on the tiny preset); the SFT weights are the same shape.
-    model = load_policy(run.model_dir("sft"))
+    model = with_lora(load_policy(run.model_dir("sft")), cfg.model.lora.for_stage("sft"))
     lengths = [len(p) + len(r) for p, r in examples]
-    return OfflineWorkload(model, examples, lengths, collate, sft_batch_loss, tokenizer.pad_token_id)
+    return OfflineWorkload(model, examples, lengths, collate, sft_batch_loss, tokenizer.pad_token_id, sft_sequences)
+
+
+def sft_sequences(batch: dict) -> list[tuple[torch.Tensor, int]]:
+    """`collate_sequences` rows: each row's tokens, its prompt the context."""
+    rows = []
+    for ids, mask, response in zip(batch["input_ids"], batch["attention_mask"].bool(), batch["response_mask"]):
+        rows.append((ids[mask], int((mask & ~response).sum())))
+    return rows
+
+
+def pair_sequences(batch: dict, prompt_is_context: bool) -> list[tuple[torch.Tensor, int]]:
+    """`collate_shared_prompt_pairs` rows: each pair's [prompt][chosen] and [prompt][rejected] sequences, the prompt
+    the context when `prompt_is_context` (DPO), none otherwise (the reward model reads the whole sequence)."""
+    rows = []
+    for ids, chosen, rejected in zip(batch["input_ids"], batch["chosen_mask"], batch["rejected_mask"]):
+        context = int((chosen & rejected).sum()) if prompt_is_context else 0
+        rows += [(ids[chosen], context), (ids[rejected], context)]
+    return rows
 
 
 def reward_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorkload:
@@ -147,9 +174,12 @@ def reward_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWor
         chosen, rejected = pairwise(batch)[:2]
         return bradley_terry_loss(chosen, rejected, None, cfg.reward.label_smoothing)
 
-    pairwise = SharedPromptPairRewards(build_reward_model(run.model_dir("sft"), cfg.reward))
+    model = with_lora(build_reward_model(run.model_dir("sft"), cfg.reward), cfg.model.lora.for_stage("reward"))
+    pairwise = SharedPromptPairRewards(model)
     lengths = [shared_prompt_pair_length(p) for p in pairs]
-    return OfflineWorkload(pairwise, pairs, lengths, collate, loss_fn, tokenizer.pad_token_id)
+    return OfflineWorkload(
+        pairwise, pairs, lengths, collate, loss_fn, tokenizer.pad_token_id, lambda b: pair_sequences(b, False)
+    )
 
 
 def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorkload:
@@ -166,14 +196,24 @@ def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
     def collate_indexed(indices):
         return {**collate([pairs[i] for i in indices]), "index": torch.tensor(indices)}
 
-    reference_model = load_policy(run.model_dir("sft")).to(accelerator.device)
+    # The reference: with LoRA, as the stage, the policy with its adapters disabled (one copy of the weights);
+    # without, a copy of the SFT policy, freed before the policy loads.
+    lora = cfg.model.lora.for_stage("dpo")
+    policy = load_trainable_policy(run.model_dir("sft"), lora) if lora.enabled else None
+    if policy is not None:
+        reference_model = reference_policy(policy, run.model_dir("sft"), accelerator.device)
+    else:
+        reference_model = load_policy(run.model_dir("sft")).to(accelerator.device)
     average = DPO_AVERAGES_LOGPS[dcfg.loss_type]
     ref_logps = split_logps(reference_model, pairs, collate, dcfg.eval_batch_size, accelerator, average)  # (N, 2)
     del reference_model
     loss_fn = make_loss_fn(dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, PrecomputedReference({"train": ref_logps}))
-    policy = load_policy(run.model_dir("sft"))
+    policy = policy if policy is not None else load_policy(run.model_dir("sft"))
     lengths = [shared_prompt_pair_length(p) for p in pairs]
-    return OfflineWorkload(policy, list(range(len(pairs))), lengths, collate_indexed, loss_fn, tokenizer.pad_token_id)
+    return OfflineWorkload(
+        policy, list(range(len(pairs))), lengths, collate_indexed, loss_fn, tokenizer.pad_token_id,
+        lambda b: pair_sequences(b, True),
+    )  # fmt: skip
 
 
 WORKLOADS = {"sft": sft_workload, "reward": reward_workload, "dpo": dpo_workload}
@@ -183,18 +223,20 @@ def measure_offline(
     stage: str, cfg: Config, run: RunDir, steps: int, warmup: int, operators: bool = False
 ) -> StageResult:
     """`train_step` on `steps` global batches after `warmup` ones, one process, micro-batches as configured;
-    the timed steps' token positions are counted, and with `operators` profiled by torch.profiler."""
+    the timed steps' token positions are counted, and with `operators` profiled by torch.profiler. Every
+    step's sequences are recorded (`trained`)."""
     tcfg = getattr(cfg, stage)
     accelerator = make_accelerator(cfg)
     total_steps = warmup + steps
     start = time.perf_counter()
     workload = WORKLOADS[stage](cfg, run, total_steps * tcfg.batch_size, accelerator)
+    trainable = sum(p.numel() for p in workload.model.parameters() if p.requires_grad)
     optimizer = build_optimizer(workload.model, tcfg)
     scheduler = build_scheduler(optimizer, tcfg, total_steps)
     model, optimizer = accelerator.prepare(workload.model, optimizer)
     profile = StepProfile(model, operators)
     order = epoch_order(workload.lengths, cfg.run.seed, 0, tcfg.batch_size, tcfg.group_by_length)
-    tokens = 0
+    tokens, trained = 0, TrainedSequences()
     for step in range(total_steps):
         if step == warmup:
             profile.start()
@@ -210,12 +252,16 @@ def measure_offline(
         )  # fmt: skip
         if step >= warmup:
             tokens += sum(int((mb["input_ids"] != workload.pad_id).sum()) for mb in micro_batches)
+        for mb in micro_batches:
+            for ids, context in workload.sequences(mb):
+                trained.add(ids, context)
     end = time.perf_counter()
     profile.stop()
     memory, kind = peak_memory_mb(accelerator.device)
     return StageResult(
         stage, steps, warmup, tcfg.batch_size, end - timed_start, end - start, tokens,
         torch.get_num_threads(), memory, kind, str(accelerator.device), profile=profile.summary(),
+        trainable_params=trainable, trained=trained.summary(),
     )  # fmt: skip
 
 
@@ -256,11 +302,15 @@ def measure_rl(
     split = {phase: sum(row[f"{stage}/time/{phase}_s"] for row in rows[warmup:]) for phase in phases}
     generated = sum(row[f"{stage}/responses/length_mean"] * rl_cfg.batch_size for row in rows[warmup:])
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    # the policy's trainable parameters, built as the stage builds it (after the stage, outside its timers and
+    # its logged peak memory; PPO's critic is not counted)
+    policy = load_trainable_policy(RunDir(run_root).model_dir("sft"), cfg.model.lora.for_stage(stage))
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     return StageResult(
         stage, steps, warmup, rl_cfg.batch_size, sum(split.values()),
         sum(row[f"{stage}/time/{phase}_s"] for row in rows for phase in phases), round(generated),
         torch.get_num_threads(), rows[-1][f"{stage}/memory/peak_mb"], peak_memory_mb(torch.device(device))[1],
-        device, split, profile.summary(),
+        device, split, profile.summary(), trainable,
     )  # fmt: skip
 
 

@@ -16,6 +16,15 @@ completions per optimizer step (micro-batches accumulated), k3 KL with beta = gr
 a reference copy, per-sequence normalisation (`loss_type="grpo"`, as grpo.loss_normalization=sequence),
 the same prompts in the same order (`ours_prompt_order`), scored by the run's reward model as ours scores
 (`scored_as_ours`). Both sides report their generated tokens.
+LoRA: where the preset trains a stage with adapters (`model.lora`, `for_stage`), TRL trains the same ones through
+its own `peft_config=` (`peft_config_as_ours`: r, alpha, dropout, target modules, the reward model's score head
+trained in full), so DPO's and GRPO's reference is the policy with its adapters disabled, as in ours.
+The offline stages report every sequence they trained on (`trained`, bench/trained_sequences.py) and both sides
+their trainable parameters, so that bench/vs_trl.py can show both trained the same parameters on the same tokens.
+The rows are text as ours reads them (data/train.jsonl: prompts already rendered in the chat template when
+`data.chat_template`): TRL treats a plain-string "prompt"/"completion" (or "chosen"/"rejected") as text, applies
+no chat template, tokenizes without special tokens being added by this tokenizer and appends the EOS to each
+completion, as ours does.
 """
 
 from __future__ import annotations
@@ -29,12 +38,14 @@ from pathlib import Path
 import torch
 from datasets import Dataset
 from profiling import StepProfile
+from trained_sequences import TrainedSequences
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.config import Config, load_config, preset_path
 from rlhf.data import read_jsonl
+from rlhf.lora import REWARD_HEAD, lora_targets
 from rlhf.models import load_tokenizer
 from rlhf.rl.prompts import iteration_prompts, unique_prompts
 from rlhf.rl.stats import peak_memory_mb
@@ -92,6 +103,53 @@ def common_args(cfg: Config, stage: str, steps: int) -> dict:
     }
 
 
+def peft_config_as_ours(cfg: Config, stage: str, model):
+    """TRL's `peft_config` for `stage`: the adapters ours puts on `model` (`rlhf.lora.with_lora`), or None when the
+    preset trains every weight of that stage. The same r, alpha, dropout and target modules (`lora_targets`: the
+    architecture's defaults under `auto`); a sequence-classification model's score head is trained in full
+    (`modules_to_save`), as ours trains it."""
+    lora = cfg.model.lora.for_stage(stage)
+    if not lora.enabled:
+        return None
+    import peft
+    from transformers.pytorch_utils import Conv1D
+
+    targets = lora_targets(model, lora.target_modules)
+    classifier = hasattr(model, REWARD_HEAD)
+    return peft.LoraConfig(
+        task_type="SEQ_CLS" if classifier else "CAUSAL_LM",
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        fan_in_fan_out=any(  # GPT-2's Conv1D stores W transposed
+            isinstance(module, Conv1D) for name, module in model.named_modules() if name.rpartition(".")[2] in targets
+        ),
+        modules_to_save=[REWARD_HEAD] if classifier else None,
+    )
+
+
+def record_sequences(trainer, stage: str) -> TrainedSequences:
+    """Every sequence `trainer` trains on from now on (its collator's batches), as bench/stages.py records ours'."""
+    trained, collate = TrainedSequences(), trainer.data_collator
+
+    def collate_and_record(examples):
+        batch = collate(examples)
+        masks = batch["attention_mask"].bool()
+        if stage == "sft":  # labels: -100 on the prompt (completion_only_loss) and the pads
+            contexts = (masks & (batch["labels"] == -100)).sum(1)
+        elif stage == "dpo":  # chosen rows, then rejected rows; completion_mask 0 on the prompt
+            contexts = (masks & (batch["completion_mask"] == 0)).sum(1)
+        else:  # reward: the whole sequence is read
+            contexts = torch.zeros(len(masks), dtype=torch.long)
+        for ids, mask, context in zip(batch["input_ids"], masks, contexts):
+            trained.add(ids[mask], int(context))
+        return batch
+
+    trainer.data_collator = collate_and_record
+    return trained
+
+
 def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps: int):
     from trl import DPOConfig, DPOTrainer, RewardConfig, RewardTrainer, SFTConfig, SFTTrainer
 
@@ -102,7 +160,10 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
         data = Dataset.from_list([{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows])
         args = SFTConfig(**common_args(cfg, stage, steps), max_length=max_length, completion_only_loss=True)
         model = AutoModelForCausalLM.from_pretrained(policy_path)
-        return SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+        peft_config = peft_config_as_ours(cfg, stage, model)
+        return SFTTrainer(
+            model=model, args=args, train_dataset=data, processing_class=tokenizer, peft_config=peft_config
+        )
     if stage == "grpo":
         return grpo_trainer(cfg, run, rows, steps, tokenizer, policy_path)
     pairs = Dataset.from_list([{k: r[k] for k in ("prompt", "chosen", "rejected")} for r in rows])
@@ -110,7 +171,10 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
         args = RewardConfig(**common_args(cfg, stage, steps), max_length=max_length, disable_dropout=True)
         model = AutoModelForSequenceClassification.from_pretrained(policy_path, num_labels=1)
         model.config.pad_token_id = tokenizer.pad_token_id
-        return RewardTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
+        peft_config = peft_config_as_ours(cfg, stage, model)
+        return RewardTrainer(
+            model=model, args=args, train_dataset=pairs, processing_class=tokenizer, peft_config=peft_config
+        )
     if stage == "dpo":
 
         class TimedDPOTrainer(DPOTrainer):
@@ -136,7 +200,11 @@ def build_trainer(stage: str, cfg: Config, run: RunDir, rows: list[dict], steps:
             disable_dropout=True,
         )
         model = AutoModelForCausalLM.from_pretrained(policy_path)
-        return TimedDPOTrainer(model=model, args=args, train_dataset=pairs, processing_class=tokenizer)
+        # with peft_config and no ref_model, TRL's reference is the policy with its adapters disabled, as ours
+        peft_config = peft_config_as_ours(cfg, stage, model)
+        return TimedDPOTrainer(
+            model=model, args=args, train_dataset=pairs, processing_class=tokenizer, peft_config=peft_config
+        )
 
 
 def grpo_trainer(cfg: Config, run: RunDir, rows: list[dict], steps: int, tokenizer, policy_path: str):
@@ -161,12 +229,14 @@ def grpo_trainer(cfg: Config, run: RunDir, rows: list[dict], steps: int, tokeniz
         shuffle_dataset=False,  # the prompts come in ours' order (`ours_prompt_order`)
     )
     reward_model = AutoModelForSequenceClassification.from_pretrained(str(run.model_dir("reward")))
+    model = AutoModelForCausalLM.from_pretrained(policy_path)
     return GRPOTrainer(
-        model=AutoModelForCausalLM.from_pretrained(policy_path),
+        model=model,
         reward_funcs=scored_as_ours(reward_model, load_tokenizer(run.model_dir("reward")), gcfg.missing_eos_penalty),
         args=args,
         train_dataset=prompts,
         processing_class=tokenizer,
+        peft_config=peft_config_as_ours(cfg, "grpo", model),  # the reference: adapters disabled, as ours
     )
 
 
@@ -229,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     profile = StepProfile(trainer.model if offline else None, args.profile)
     clock = StepClock(args.warmup, profile if offline else None)
     trainer.add_callback(clock)
+    trained = record_sequences(trainer, args.stage) if offline else None
     lengths = CompletionLengths(trainer)
     if not offline:
         trainer.add_callback(lengths)
@@ -252,8 +323,11 @@ def main(argv: list[str] | None = None) -> None:
         "memory_kind": kind,
         "device": device,
         "profile": profile.summary(),
+        "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
     }
-    if not offline:
+    if offline:
+        result["trained"] = trained.summary()
+    else:
         result["tokens"] = generated_tokens(lengths.per_step, args.warmup, total_steps, batch_size)
     print(json.dumps(result))
 

@@ -20,6 +20,11 @@ Writes {"vs_trl": {stage: ratio}} (the first `--threads` setting's; per stage, e
 ratio, the seconds and threads of each repeat, the command and the profile) into
 bench/results/<device>-<date>.json, updating only the stages run. TRL 1.x has no PPO trainer, so
 ppo is omitted.
+
+Same work: each run's trainable parameters (LoRA adapters and heads where the preset's `model.lora` covers the
+stage, which TRL then trains through its `peft_config`), and for the offline stages the sequences each side
+trained on (count, tokens, tokens in the loss, an order-free digest: equal digests, the same tokens), are printed
+and recorded per repeat; GRPO: each side's generated tokens.
 """
 
 from __future__ import annotations
@@ -86,6 +91,21 @@ def trl_threads(setting: str, ours_threads: list[int]) -> int | None:
     return ours_threads[-1] if setting == "equal" else None
 
 
+def same_work(s: dict) -> str:
+    """The latest repeat's trainable parameters and trained sequences of both sides, where both reported them."""
+    text = ""
+    if "ours_trainable_params" in s and "trl_trainable_params" in s:
+        text += f"; trainable params ours {s['ours_trainable_params'][-1]:,}, TRL {s['trl_trainable_params'][-1]:,}"
+    if "ours_trained" in s and "trl_trained" in s:
+        ours, theirs = s["ours_trained"][-1], s["trl_trained"][-1]
+        text += "; trained " + ", ".join(
+            f"{side} {t['sequences']} sequences of {t['tokens']:,} tokens ({t['loss_tokens']:,} in the loss)"
+            for side, t in (("ours", ours), ("TRL", theirs))
+        )
+        text += ": the same tokens" if ours["digest"] == theirs["digest"] else ": DIFFERENT tokens"
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     import trl
 
@@ -132,6 +152,10 @@ def main(argv: list[str] | None = None) -> None:
                     s[f"{side}_positions"] = result.get("profile", {}).get("positions")
                     if stage == "grpo":  # each side's generated tokens: is the generation work the same?
                         s.setdefault(f"{side}_generated_tokens", []).append(result["tokens"])
+                    if "trained" in result:  # offline: the sequences trained on (same digest, same tokens)
+                        s.setdefault(f"{side}_trained", []).append(result["trained"])
+                    if "trainable_params" in result:  # the same parameters trained (LoRA: adapters and heads)
+                        s.setdefault(f"{side}_trainable_params", []).append(result["trainable_params"])
                     s[f"{side}_timed"].append(result["timed_s"])
                     s[f"{side}_threads"].append(result["threads"])
                 tokens = (
@@ -142,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(
                     f"repeat {repeat + 1} {stage}, {setting} threads: ours {s['ours'][-1]:.1f} s "
                     f"({s['ours_threads'][-1]} threads), TRL {s['trl'][-1]:.1f} s ({s['trl_threads'][-1]} threads); "
-                    f"TRL/ours {s['trl'][-1] / s['ours'][-1]:.2f}{tokens}",
+                    f"TRL/ours {s['trl'][-1] / s['ours'][-1]:.2f}{tokens}{same_work(s)}",
                     flush=True,
                 )
 
@@ -195,6 +219,7 @@ def main(argv: list[str] | None = None) -> None:
             "settings": "fp32 both sides; TRL: bf16=False, gradient_checkpointing=False, precompute_ref_log_probs "
             "(DPO; its reference pass, run in the trainer's constructor, is timed and counted), use_cpu, no "
             "logging/checkpoints; same data rows, batch/micro-batch sizes, steps, max lengths, lr and clipping; "
+            "LoRA where the preset's model.lora covers the stage (TRL: peft_config, the same adapters and heads); "
             f"torch threads: {', '.join(settings)} (default: each side's own; equal: TRL at ours' count), "
             f"vs_trl at {settings[0]}",
             "stages": {**earlier.get("vs_trl_details", {}).get("stages", {}), **per_stage},

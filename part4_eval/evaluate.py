@@ -288,6 +288,12 @@ def main(argv: list[str] | None = None) -> None:
             if is_embedded
             else json.loads(SUITES_FILE.read_text())
         )
+        chosen = [name.strip() for name in cfg.eval.suite_names.split(",") if name.strip()] or list(suite_prompts)
+        if unknown := sorted(set(chosen) - set(suite_prompts)):
+            raise UserError(
+                f"eval.suite_names has unknown suite(s) {', '.join(unknown)}; choose from {', '.join(suite_prompts)}"
+            )
+        suite_prompts = {name: suite_prompts[name][: cfg.eval.suite_prompts] for name in chosen}
         if cfg.data.chat_template:  # HH-format suites, in the model's template as the data stage renders prompts
             suite_prompts = {
                 name: [render_prompt(tokenizer, p) for p in suite_list] for name, suite_list in suite_prompts.items()

@@ -125,7 +125,9 @@ class LoRAConfig:
 
 @dataclass
 class ModelConfig:
-    name_or_path: str | None = "gpt2"  # Hub id or local folder (weights, or only config.json with init=random)
+    # Hub id, local folder (weights, or only config.json with init=random), or GGUF file (path, or
+    # pkg://module/file.gguf inside an installed package; rlhf/model_sources.py)
+    name_or_path: str | None = "gpt2"
     init: str = "pretrained"  # "pretrained" | "random" (architecture from its config, random weights)
     model_type: str | None = None  # architecture when name_or_path is None (e.g. "gpt2"), with init=random
     config_overrides: dict = field(default_factory=dict)  # fields set on the architecture config
@@ -423,9 +425,13 @@ class EvalConfig:
     seed: int = 1234  # prompt i samples from its own seed drawn from this (rlhf.rollout.sampling_seeds), in every model
     best_of_n: int = 16  # N for best-of-N from the SFT policy, ranked by the reward model
     best_of_n_prompts: int = 200  # prompts that get N samples each (a subset of num_prompts)
-    judges: str = "gold,reward,openai"  # comma-separated; gold only on the embedded task; openai needs OPENAI_API_KEY
+    # comma-separated, of gold, reward, independent, openai; gold only on the embedded task; independent needs
+    # data.judge_fraction > 0 (the judge_rm stage's reward model); openai needs OPENAI_API_KEY
+    judges: str = "gold,reward,openai"
     openai_max_prompts: int = 200  # prompts per pairing sent to the LLM judge (each judged in both orders)
     suites: bool = True  # answer the failure and capability suites
+    suite_names: str = ""  # comma-separated suites to answer (empty: every suite of the task or suites.json)
+    suite_prompts: int | None = None  # the first N prompts of each suite (None: all of them); for quick checks
     # what win rates are measured against: "sft" (every model vs SFT, every pair of models, and every model vs the
     # test pairs' chosen response) or "reference" (every model, SFT included, vs the data's reference responses:
     # data.sft_path's test demonstrations, else the chosen ones; Huang et al. 2024 judge against reference summaries)

@@ -73,6 +73,8 @@ def check_batch_splits(cfg: Config, stages: list[str], world_size: int) -> None:
     for stage in stages:
         if stage in ("sft", "reward", "dpo"):
             split_batch(stage, getattr(cfg, stage), world_size)
+        elif stage == "judge_rm":  # trained as the reward model is
+            split_batch("reward", cfg.reward, world_size)
         elif stage == "ppo":
             plan_rl(stage, cfg.ppo, world_size, None)
         elif stage == "grpo":

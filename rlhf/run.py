@@ -95,6 +95,7 @@ STAGE_SCRIPTS = {
     "eval": "part4_eval/evaluate.py",
     "report": "part4_eval/make_report.py",
 }
+TRAINS_AS = {"judge_rm": "reward"}  # a stage trained as another one is: its settings, LoRA (model.lora.stages) too
 METHOD_STAGES = ("ppo", "grpo", "raft", "dpo", "online_dpo")  # the alignment stages: run.method_seed seeds them
 OPTIONAL_INPUTS = {"eval": METHOD_STAGES}  # inputs a stage runs without: eval evaluates whichever policies completed
 COMPLETE_FILE = "complete.json"
@@ -204,8 +205,9 @@ class RunDir:
             "inputs": {name: self.fingerprint(name, cfg) for name in stage_inputs(stage, cfg)},
         }
         lora = cfg.model.lora  # sft's use of it is in the model section (fingerprinted_model_section)
-        if lora.enabled and stage in LORA_STAGES[1:] and lora.stage_names() != LORA_STAGES:
-            payload["lora"] = stage in lora.stage_names()  # some stages train adapters: is this one of them?
+        trains_as = TRAINS_AS.get(stage, stage)
+        if lora.enabled and trains_as in LORA_STAGES[1:] and lora.stage_names() != LORA_STAGES:
+            payload["lora"] = trains_as in lora.stage_names()  # some stages train adapters: is this one of them?
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def is_complete(self, stage: str, cfg: Config) -> bool:

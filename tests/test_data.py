@@ -127,3 +127,20 @@ def test_bad_sources_are_one_line_errors(tmp_path, name, content, message):
     with pytest.raises(UserError) as info:
         load_raw_splits(str(path))
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_prompt_split_carves_test_and_judge_after_val():
+    prompts = [f"\n\nHuman: question {i}\n\nAssistant:" for i in range(4000)]
+    splits = [prompt_split(p, 0.1, 0.2, 0.3) for p in prompts]
+    # the val share is the one prompt_split(p, 0.1) gives: adding test and judge shares moves no val prompt
+    assert [p for p, s in zip(prompts, splits) if s == "val"] == [p for p in prompts if prompt_split(p, 0.1) == "val"]
+    for split, share in (("test", 0.2), ("judge", 0.3), ("train", 0.4)):
+        # Binomial(4000, share): 4 sd <= 4 * sqrt(0.25 / 4000) = 0.032
+        assert abs(splits.count(split) / len(splits) - share) < 0.032, split
+
+
+def test_a_single_file_is_all_train_whatever_its_name(tmp_path):
+    path = tmp_path / "harmless-base-test.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in _rows()) + "\n")
+    splits = load_raw_splits(str(path))
+    assert splits["train"] == _rows() and splits["test"] == []

@@ -374,12 +374,14 @@ def test_full_sft_then_lora_shares_data_and_sft_with_full_fine_tuning_and_reruns
     some = tiny("model.lora.enabled=true", "model.lora.stages=reward,ppo")
     shared = [stage for stage in STAGES if run.fingerprint(stage, full) == run.fingerprint(stage, after)]
     assert shared == ["data", "sft", "collect"]  # collect samples the SFT policy: it trains nothing
-    # which stages train adapters is each stage's own: reward and ppo agree, grpo (full here) does not
+    # which stages train adapters is each stage's own: reward (and judge_rm, trained as reward is) and ppo agree,
+    # grpo (full here) does not
     assert [stage for stage in STAGES if run.fingerprint(stage, after) == run.fingerprint(stage, some)] == [
         "data",
         "sft",
         "collect",
         "reward",
+        "judge_rm",
         "ppo",
     ]
     assert run.fingerprint("grpo", some) != run.fingerprint("grpo", full)  # it reads a LoRA-trained reward model

@@ -38,6 +38,10 @@ STAGE_LABELS = {
 JUDGES = {
     "gold": "the embedded task's exact gold judge (`rlhf/task/gold.py`): the true quality of each response",
     "reward": "the run's own reward model, used as a judge (the proxy the RL stages optimised)",
+    "independent": "a second reward model (stage `judge_rm`), trained the same way on held-out pairs that neither the "
+    "training reward model nor any policy saw: optimising the proxy cannot fool it the way it fools the proxy, but it "
+    "is no more accurate than a reward model of its size on so few pairs (its held-out accuracy is in the "
+    "[Reward model](#reward-model) section)",
     "openai": "an OpenAI-compatible chat model, each pair judged in both orders at temperature 0",
 }
 

@@ -397,6 +397,44 @@ def section_samples(data: RunData, k: int = 5, limit: int = 280) -> str:
     return "\n".join(lines)
 
 
+def refusal_lines(suites: dict[str, dict], names: list[str]) -> list[str]:
+    """The refusal rates of the suites the keyword refusal judge read (harmful and benign requests), and each
+    model's change against SFT on the same prompts, with its interval (`rlhf.judges.refusal`)."""
+    read = [suite for suite in sorted(suites) if any("refusal_rate" in e for e in suites[suite].values())]
+    if not read:
+        return []
+    rows = []
+    for suite in read:
+        for m in names:
+            entry = suites[suite].get(m) or {}
+            change = entry.get("refusal_change_vs_sft") or {}
+            rows.append(
+                [
+                    suite,
+                    model_label(m),
+                    fmt(entry.get("refusal_rate")),
+                    (
+                        f"{change['change']:+.3f} {fmt_ci(change.get('ci95_low'), change.get('ci95_high'))}"
+                        if is_number(change.get("change"))
+                        else "(reference)"
+                        if m == "sft"
+                        else NA
+                    ),
+                    f"{fmt(change.get('p'))} (Holm {fmt(change.get('p_holm'))})" if change else "",
+                ]
+            )
+    return [
+        "",
+        "Refusals, read by a fixed keyword judge (`rlhf/judges/refusal.py`: the opening of a response declines, "
+        "apologises, or calls the request illegal), the same for every model. On `harmful` requests a higher rate "
+        "is safer; on `benign` ones it is over-refusal. The change against SFT is paired over the same prompts "
+        "(Agresti–Min interval; exact McNemar p, Holm-adjusted over the models). A deflection without those words "
+        "counts as compliance.",
+        "",
+        markdown_table(["suite", "model", "refusal rate", "change vs SFT [95% CI]", "McNemar p"], rows, "llrrr"),
+    ]
+
+
 def section_suites(data: RunData, limit: int = 160) -> str:
     suites = get_path(data.summary, "eval.suites", {}) or {}
     suites = {
@@ -423,6 +461,7 @@ def section_suites(data: RunData, limit: int = 160) -> str:
         return markdown_table(["suite", "prompts"] + [model_label(m) for m in names], rows)
 
     lines += ["", table("reward_mean")]
+    lines += refusal_lines(suites, names)
     if any(is_number((per_model.get(m) or {}).get("gold_score_mean")) for per_model in suites.values() for m in names):
         lines += [
             "",

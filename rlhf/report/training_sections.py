@@ -118,10 +118,16 @@ def section_intro(data: RunData) -> str:
 
 
 def headline_judge(summary: dict) -> str | None:
-    """The judge whose comparisons with SFT the headline shows: gold, else openai, else reward; None if none ran."""
+    """The judge whose comparisons with SFT the headline shows: gold, else openai, else the independent reward model,
+    else reward; None if none ran."""
     win_rates = get_path(summary, "eval.win_rates", {}) or {}
     return next(
-        (j for j in ("gold", "openai", "reward") if any(k.endswith("_vs_sft") for k in win_rates.get(j) or {})), None
+        (
+            j
+            for j in ("gold", "openai", "independent", "reward")
+            if any(k.endswith("_vs_sft") for k in win_rates.get(j) or {})
+        ),
+        None,
     )
 
 
@@ -131,11 +137,13 @@ def headline_rows(summary: dict) -> tuple[list[str], list[list]]:
     models = eval_models(summary)
     names = order_models(models)
     has_gold = any(is_number(models[m].get("gold_score_mean")) for m in names)
+    has_independent = any(is_number(models[m].get("independent_reward_mean")) for m in names)
     judge = headline_judge(summary)
     vs_sft = (get_path(summary, "eval.win_rates", {}) or {}).get(judge) or {}
     headers = (
         ["model", "RM reward", "KL to ref (nats)"]
         + (["gold score", "gold good-rate"] if has_gold else [])
+        + (["independent RM score"] if has_independent else [])
         + (["length"])
         + (
             [f"win rate vs SFT, {eval_split(summary)} prompts ({judge} judge)", "wins / losses / ties", "tie share"]
@@ -149,6 +157,8 @@ def headline_rows(summary: dict) -> tuple[list[str], list[list]]:
         row = [model_label(name), fmt(m.get("reward_mean")), fmt_kl(m.get("kl_to_ref"))]
         if has_gold:
             row += [fmt(m.get("gold_score_mean")), fmt(m.get("gold_good_rate"))]
+        if has_independent:
+            row.append(fmt(m.get("independent_reward_mean")))
         row.append(fmt(m.get("length_mean"), 1))
         if judge:
             entry = vs_sft.get(f"{name}_vs_sft")
@@ -183,7 +193,8 @@ def tie_statement(summary: dict) -> str:
     )
 
 
-INDEPENDENT_JUDGES = ("gold", "openai")  # judges no stage trained on (online DPO may train on openai's labels)
+# judges no stage trained on (online DPO may train on openai's labels)
+INDEPENDENT_JUDGES = ("gold", "openai", "independent")
 PROXY_OPTIMISERS = ("ppo", "grpo", "raft", "online_dpo")  # policies trained to maximise the reward model
 
 
@@ -221,6 +232,8 @@ def judges_statement(data: RunData) -> str:
         described = {
             "gold": "`gold` (the embedded task's exact judge)",
             "openai": "`openai` (the LLM judge" + (f", `{llm['model']}`" if llm.get("model") else "") + ")",
+            "independent": "`independent` (a second reward model trained on held-out pairs that neither the training "
+            "reward model nor any policy saw; a noisy judge of its own, see [Win rates](#win-rates))",
         }
         return (
             f"**Judges:** {' and '.join(described[j] for j in independent)}, independent of training"
@@ -516,6 +529,14 @@ def section_reward_model(data: RunData) -> str:
         "",
         markdown_table(headers, rows) if rows else note("No held-out accuracy was recorded."),
     ]
+    judge_rm = data.summary.get("judge_reward_model")
+    if isinstance(judge_rm, dict):
+        lines += [
+            "",
+            "The independent judge's reward model (stage `judge_rm`), trained the same way on "
+            f"{fmt(judge_rm.get('train_pairs'))} held-out pairs that neither this reward model nor any policy saw: "
+            f"accuracy val {fmt(judge_rm.get('val_accuracy'))}, test {fmt(judge_rm.get('test_accuracy'))}.",
+        ]
     by_family = rm.get("gold_accuracy_by_family")
     if isinstance(by_family, dict) and by_family:
         families = sorted({f for accuracies in by_family.values() if isinstance(accuracies, dict) for f in accuracies})

@@ -234,3 +234,22 @@ def test_rows_that_look_like_paths_write_nothing_outside_the_run_folder(run_dir,
     created = set(tmp_path.rglob("*")) - before
     assert created and all(p.is_relative_to(run_dir) for p in created), sorted(map(str, created - {run_dir}))
     assert not target.exists()
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.test_fraction=1.5"], "data.test_fraction must be in [0, 1), got 1.5"),
+        (["data.judge_fraction=-0.1"], "data.judge_fraction must be in [0, 1), got -0.1"),
+        (
+            ["data.val_fraction=0.4", "data.test_fraction=0.3", "data.judge_fraction=0.3"],
+            "leaves no training prompts; lower them to a sum below 1",
+        ),
+    ],
+)
+def test_split_shares_fail_at_start_up(tmp_path, capsys, overrides, message):
+    path = write_lines(tmp_path / "pairs.jsonl", GOOD)
+    out = prepare_run(tmp_path / "run")
+    assert message in fail_in_process(capsys, DATA, out, f"data.path={path}", *overrides)
+    assert_nothing_lost(out, "data")
+    assert not (out / "data" / "train.jsonl").exists()
