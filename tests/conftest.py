@@ -104,6 +104,7 @@ def tiny_run(tmp_path_factory) -> Path:
 # early instead of leaving one worker busy at the end. The first two keep both workers busy while one of them
 # builds the shared tiny run: test_launch_pipeline_e2e.py does not use it.
 SLOW_FILES_FIRST = (
+    "test_smollm2_e2e.py",
     "test_launch_pipeline_e2e.py",
     "test_ppo_grpo_e2e.py",
     "test_part1_e2e.py",
