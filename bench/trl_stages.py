@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--profile", action="store_true", help="torch.profiler operator shares of the timed steps")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # the overrides follow the options (bench/vs_trl.py's command)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = load_config(preset_path(args.preset), args.overrides)

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
                     s[f"{side}_positions"] = result.get("profile", {}).get("positions")
                     if stage == "grpo":  # each side's generated tokens: is the generation work the same?
                         s.setdefault(f"{side}_generated_tokens", []).append(result["tokens"])
-                    if "trained" in result:  # offline: the sequences trained on (same digest, same tokens)
+                    if result.get("trained"):  # offline: the sequences trained on (same digest, same tokens)
                         s.setdefault(f"{side}_trained", []).append(result["trained"])
                     if "trainable_params" in result:  # the same parameters trained (LoRA: adapters and heads)
                         s.setdefault(f"{side}_trainable_params", []).append(result["trainable_params"])

@@ -26,7 +26,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from rlhf.config import load_config, preset_path
-from rlhf.run import STAGE_SCRIPTS, STAGES, RunDir
+from rlhf.pipeline import select_stages
+from rlhf.run import STAGE_SCRIPTS, RunDir, collect_needed, judge_needed
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +66,10 @@ BF16_OVERRIDES = [
     "eval.best_of_n_prompts=8",
     "eval.batch_size=16",
 ]
-MODEL_STAGES = [stage for stage in STAGES if stage not in ("data", "report")]
+BF16_CONFIG = load_config(preset_path("tiny"), BF16_OVERRIDES)
+# The stages the pipeline runs on this config: judge_rm is the reward stage's code, run only on held-out judge pairs.
+PIPELINE_STAGES = select_stages(None, None, collect_needed(BF16_CONFIG), judge_needed(BF16_CONFIG))
+MODEL_STAGES = [stage for stage in PIPELINE_STAGES if stage not in ("data", "report")]
 POLICY_STAGES = ("sft", "ppo", "grpo", "raft", "dpo", "online_dpo")
 # The boundaries each stage must have crossed (so the float32 check below saw them), besides token/pair log-probs.
 BOUNDARIES = {
@@ -125,9 +129,9 @@ def safetensors_dtypes(path) -> set[str]:
 
 def test_every_stage_completes_in_bf16(bf16_run):
     run, records = bf16_run
-    cfg = load_config(preset_path("tiny"), BF16_OVERRIDES)
-    assert [stage for stage in STAGES if not RunDir(run).is_complete(stage, cfg)] == []  # fingerprints cover bf16
-    assert set(records) == set(STAGES) and all(len(processes) == 1 for processes in records.values())
+    incomplete = [stage for stage in PIPELINE_STAGES if not RunDir(run).is_complete(stage, BF16_CONFIG)]
+    assert incomplete == []  # the fingerprints cover bf16
+    assert set(records) == set(PIPELINE_STAGES) and all(len(processes) == 1 for processes in records.values())
     evaluation = read_summary(run)["eval"]
     assert set(evaluation["models"]) == {"sft", "ppo", "grpo", "raft", "dpo", "online_dpo", "best_of_2"}
     assert (run / "report.md").stat().st_size > 1000
