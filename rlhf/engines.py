@@ -3,6 +3,7 @@
     engine = build_engine(cfg.rollout, "grpo", run.model_dir("sft"), tokenizer, accelerator, batch_size)
     engine.load(policy)                               # sample from these weights from now on
     rollout = engine.sample(prompt_ids, sampling, row_seeds)   # a `rlhf.rollout.Rollout`
+    rollout = engine.sample(prompt_ids, sampling, row_seeds, with_logprobs=True)  # log-probs of the sampled tokens
 
 - `HFEngine` (`rollout.engine=hf`) samples with transformers' `generate` on the model it was given, under
   the stage's autocast: `load` only points at the live model, nothing is copied.
@@ -39,11 +40,24 @@ class HFEngine:
     def load(self, model) -> None:
         self.model = model
 
-    def sample(self, prompt_ids: list[list[int]], sampling: SamplingConfig, row_seeds: list[int] | None) -> Rollout:
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingConfig,
+        row_seeds: list[int] | None,
+        with_logprobs: bool = False,
+    ) -> Rollout:
+        """with_logprobs: also the model's log-probs of the sampled tokens, from generate's own logits."""
         self.model.eval()
         with self.autocast():
             return generate_rollout(
-                self.model, self.tokenizer, prompt_ids, sampling, self.batch_size, row_seeds=row_seeds
+                self.model,
+                self.tokenizer,
+                prompt_ids,
+                sampling,
+                self.batch_size,
+                return_generation_logprobs=with_logprobs,
+                row_seeds=row_seeds,
             )
 
 

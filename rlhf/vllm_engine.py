@@ -88,7 +88,14 @@ class VLLMEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": plain_weights(model)})
         self.llm.reset_prefix_cache()  # cached prompt blocks were computed with the old weights
 
-    def sample(self, prompt_ids: list[list[int]], sampling: SamplingConfig, row_seeds: list[int] | None) -> Rollout:
+    def sample(
+        self,
+        prompt_ids: list[list[int]],
+        sampling: SamplingConfig,
+        row_seeds: list[int] | None,
+        with_logprobs: bool = True,
+    ) -> Rollout:
+        """The engine's log-probs come with every rollout (`with_logprobs` is the interface's; always True here)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

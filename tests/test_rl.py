@@ -596,6 +596,72 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
     assert moved["grpo/eval/kl_to_ref"] != 0.0 and moved == evaluate(policy)  # same seed each time
 
 
+def test_eval_kl_from_the_samplers_logits_is_the_forward_pass_kl_in_float32_only(monkeypatch):
+    """sample_for_eval(sampler_logprobs=True): generate's own logits stand in for the policy's forward pass in float32
+    (the KL within 1e-5 of the forward pass's, same samples); under autocast the policy is scored by a forward pass."""
+    from rlhf.engines import HFEngine
+    from rlhf.models import train_tokenizer
+    from rlhf.rl.held_out import sample_for_eval
+    from rlhf.rollout import SamplingConfig
+
+    texts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.", "\n\nHuman: Hi?\n\nAssistant: Hello."]
+    tokenizer = train_tokenizer(texts * 10, vocab_size=300)
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=64,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    reference, policy = GPT2LMHeadModel(config).eval(), GPT2LMHeadModel(config).eval()
+    reward = GPT2ForSequenceClassification(GPT2Config(**{**config.to_dict(), "num_labels": 1})).eval()
+    prompt_ids = tokenizer(["\n\nHuman: What is 3 plus 4?\n\nAssistant:", "\n\nHuman: Hi?"], add_special_tokens=False)[
+        "input_ids"
+    ]
+
+    def kls(mixed_precision: str, sampler_logprobs: bool) -> dict:
+        accelerator = SimpleNamespace(
+            device=torch.device("cpu"),
+            process_index=0,
+            num_processes=1,
+            autocast=contextlib.nullcontext,
+            mixed_precision=mixed_precision,
+        )
+        sampling = SamplingConfig(max_new_tokens=12, temperature=0.7)
+        return sample_for_eval(
+            HFEngine(tokenizer, 8),
+            policy,
+            tokenizer,
+            prompt_ids,
+            sampling,
+            3,
+            8,
+            reward,
+            accelerator,
+            reference=reference,
+            sampler_logprobs=sampler_logprobs,
+        )
+
+    import rlhf.rl.held_out as held_out
+
+    scored = []  # the models a forward pass scored
+    forward_pass = held_out.rollout_logprobs
+    monkeypatch.setattr(
+        held_out, "rollout_logprobs", lambda model, *args: scored.append(model) or forward_pass(model, *args)
+    )
+    forward = kls("no", False)
+    assert scored == [policy, reference]
+    sampler = kls("no", True)
+    assert scored[2:] == [reference]  # the policy's pass saved
+    assert sampler["responses"] == forward["responses"] and min(forward["lengths"]) > 3
+    assert all(abs(kl) > 1e-3 for kl in forward["kl"])  # two different policies
+    assert sampler["kl"] == pytest.approx(forward["kl"], abs=1e-5)
+    assert kls("bf16", True)["kl"] == forward["kl"] and scored[3:] == [policy, reference]  # autocast: forward passes
+
+
 def test_grpo_warns_once_when_its_reward_is_flat_within_groups():
     """A custom reward constant in almost every group (zero_std_groups 0.875 to 1.0) trained on without a word."""
     shares = [1.0, 0.875, 1.0, 0.875, 1.0, 1.0, 1.0]  # mean 0.95 over the first 5 iterations

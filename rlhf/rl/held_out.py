@@ -30,25 +30,43 @@ def sample_for_eval(
     accelerator,
     reference=None,
     stream: int = EVAL_STREAM,
+    sampler_logprobs: bool = False,
 ) -> dict[str, list]:
     """Sample one response per prompt from `policy` through `engine` (`rlhf.engines`) and score it with the reward
     model; with `reference`, also the sequence KL of each response to it. The prompts are sharded over processes
     and gathered; prompt i samples from its own seed (`sampling_seeds(seed, stream, ...)`), so two policies see
-    the same random numbers and the results do not depend on the number of processes.
+    the same random numbers and the results do not depend on the number of processes. `sampler_logprobs`: the
+    policy's log-probs for the KL from the sampler's own logits where they are the policy's (below), not a forward
+    pass; then a policy identical to the reference gets a KL within ~1e-4 of 0 rather than exactly 0.
     -> per-prompt lists: responses, response_ids (EOS included), rewards, lengths, finished, kl."""
     policy.eval()
     engine.load(policy)
+    # hf in float32 samples from the policy itself: generate's own logits give the policy's log-probs (within 3e-5
+    # per token of a forward pass's on SmolLM2-135M) and save that pass. Under autocast the cached decode drifts
+    # further from a full pass, and vLLM's are another kernel's: then the policy is scored by a forward pass.
+    own_logprobs = (
+        sampler_logprobs
+        and reference is not None
+        and engine.name == "hf"
+        and accelerator.mixed_precision == "no"
+        and sampling.temperature > 0
+    )
 
     def one_batch(batch: list[tuple[int, list[int]]]) -> list[dict]:
-        rollout = engine.sample([ids for _, ids in batch], sampling, [s for s, _ in batch])
+        rollout = engine.sample([ids for _, ids in batch], sampling, [s for s, _ in batch], with_logprobs=own_logprobs)
         # Under the stage's autocast, as its training-time passes: a prepared policy autocasts by itself, but the
         # SFT policy, the reference and the reward model would otherwise run in float32 under bf16.
         with accelerator.autocast():
             rewards = score_rollout(reward_model, rollout, batch_size)  # (b,)
             kl = torch.zeros_like(rewards)
             if reference is not None:
+                policy_logprobs = (
+                    rollout.generation_logprobs
+                    if own_logprobs
+                    else rollout_logprobs(policy, rollout, sampling.temperature, batch_size)
+                )
                 kl = sequence_kl(
-                    rollout_logprobs(policy, rollout, sampling.temperature, batch_size),
+                    policy_logprobs,
                     rollout_logprobs(reference, rollout, sampling.temperature, batch_size),
                     rollout.response_mask,
                 )
