@@ -142,6 +142,13 @@ def answer(
     return answers, samples["response_ids"]
 
 
+def judge_failure(reason: str, infos: list[dict]) -> dict:
+    """judges_info's entry for a judge that stopped: its request counts so far and a status naming the cause."""
+    counts = combine_batch_info(infos)
+    failures = f"{counts.get('n_failed', 0)} of {counts.get('n_judgments', 0)} judgments failed"
+    return {**counts, "status": f"failed ({failures}; the judge stopped: {reason})"}
+
+
 def requested_judges(cfg) -> list[str]:
     requested = [name.strip() for name in cfg.eval.judges.split(",") if name.strip()]
     unknown = set(requested) - set(JUDGES)
@@ -375,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     records: dict[str, dict] = {}
     outcomes: dict[str, dict[str, list[str]]] = {}
     gold_differences: dict[str, list[str | None]] = {}  # per pairing and prompt: what separates the two in gold
+    failed: dict[str, dict] = {}  # judges that stopped (an LLM server that never answers): no verdicts to report
     for judge_name, judge in judges.items():
         win_rates[judge_name], records[judge_name], outcomes[judge_name] = {}, {}, {}
         for a, b in pairings:
@@ -384,6 +392,11 @@ def main(argv: list[str] | None = None) -> None:
             texts_a = [answers[a].by_prompt[p] for p in common]
             texts_b = [answers[b].by_prompt[p] for p in common]
             comparison = judge.compare(common, texts_a, texts_b)
+            if getattr(judge, "stopped", None) is not None:
+                failed[judge_name] = judge_failure(
+                    judge.stopped, [r["info"] for r in records[judge_name].values()] + [comparison.info]
+                )
+                break
             for problem in comparison.problems():
                 print(f"[eval] {judge_name} {a} vs {b}: {problem}")
             lengths_a = [len(ids) for ids in encode_texts(tokenizer, texts_a)]
@@ -403,13 +416,18 @@ def main(argv: list[str] | None = None) -> None:
                     task.gold_difference(task.gold_details(p, ta), task.gold_details(p, tb))
                     for p, ta, tb in zip(common, texts_a, texts_b)
                 ]
+        if judge_name in failed:
+            print(f"[eval] judge {judge_name} {failed[judge_name]['status']}; left out of the win rates")
+            for table in (win_rates, records, outcomes):
+                del table[judge_name]
+            continue
         # "<method> beats SFT" is claimed once per method: Holm-adjust that family's sign tests, per judge.
         vs_sft = {k: v["sign_test_p"] for k, v in win_rates[judge_name].items() if k.endswith("_vs_sft")}
         for key, p_holm in holm_adjust(vs_sft).items():
             win_rates[judge_name][key]["sign_test_p_holm"] = p_holm
     judge_agreement = judge_agreements(outcomes, gold_differences if "gold" in outcomes else None)
-    judges_info = {name: combine_batch_info([r["info"] for r in records[name].values()]) for name in judges}
-    judges_info |= {name: {"status": why} for name, why in skipped.items()}
+    judges_info = {name: combine_batch_info([r["info"] for r in records[name].values()]) for name in records}
+    judges_info |= failed | {name: {"status": why} for name, why in skipped.items()}
     for name, why in skipped.items():
         print(f"[eval] judge {name} {why}")
 

@@ -130,6 +130,15 @@ def config_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
     return tuple(name for name in stage_inputs(stage, cfg) if name not in STAGE_INPUTS[stage])
 
 
+def stage_sections(stage: str, cfg: Config) -> tuple[str, ...]:
+    """The config sections `stage` reads (STAGE_SECTIONS): the `judge` section only where the stage asks the LLM
+    judge (collect.annotator or online_dpo.judge = openai), so a judge.* change re-judges in eval alone."""
+    asks_the_llm_judge = {"collect": cfg.collect.annotator == "openai", "online_dpo": cfg.online_dpo.judge == "openai"}
+    if asks_the_llm_judge.get(stage, True):
+        return STAGE_SECTIONS[stage]
+    return tuple(section for section in STAGE_SECTIONS[stage] if section != "judge")
+
+
 def judge_needed(cfg: Config) -> bool:
     """True when the data stage holds pairs out for the independent judge (data.judge_fraction), so a pipeline run
     includes `judge_rm` and eval judges with it."""
@@ -198,7 +207,7 @@ class RunDir:
             "mixed_precision": cfg.run.mixed_precision,
             "sections": {
                 section: tree[section]
-                for section in STAGE_SECTIONS[stage]
+                for section in stage_sections(stage, cfg)
                 # a section added later counts only when set, so runs made before it existed stay complete
                 if not (section in LATER_SECTIONS and tree[section] == defaults[section])
             },
@@ -339,7 +348,7 @@ def fingerprinted_keys(stage: str, cfg: Config) -> list[str]:
     sections, todo = set(), [stage]
     while todo:
         name = todo.pop()
-        sections.update(STAGE_SECTIONS[name])
+        sections.update(stage_sections(name, cfg))
         todo.extend(stage_inputs(name, cfg))
     run_keys = ("run.seed", "run.method_seed", "run.mixed_precision")
     return [key for key in all_keys(cfg) if key.partition(".")[0] in sections or key in run_keys]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rlhf import task
-from rlhf.config import load_config
+from rlhf.config import load_config, preset_path
 from rlhf.errors import UserError
 from rlhf.judges import SimulatedAnnotatorJudge
 from rlhf.pipeline import select_stages
@@ -164,3 +164,19 @@ def test_collect_config_errors_name_the_fix(overrides, message, monkeypatch):
     cfg = load_config(None, ["data.path=embedded", *overrides])
     with pytest.raises(UserError, match=message):
         check_collect_config(cfg)
+
+
+def test_a_judge_change_re_runs_eval_and_only_the_stages_that_ask_the_llm_judge(tmp_path):
+    """Before, changing judge.model re-ran online DPO (the judge section was in its fingerprint whatever its
+    judge), so eval, run alone, left online DPO out as incomplete."""
+    run = RunDir(tmp_path)
+    preset = load_config(preset_path("tiny"))
+    other_model = load_config(preset_path("tiny"), ["judge.model=another-judge"])
+    assert preset.online_dpo.judge != "openai" and preset.collect.annotator != "openai"
+    for stage in ("collect", "online_dpo"):
+        assert run.fingerprint(stage, preset) == run.fingerprint(stage, other_model), stage
+    assert run.fingerprint("eval", preset) != run.fingerprint("eval", other_model)
+    asking = ["online_dpo.judge=openai", "collect.annotator=openai"]
+    with_llm = load_config(preset_path("tiny"), asking), load_config(preset_path("tiny"), [*asking, "judge.model=x"])
+    for stage in ("collect", "online_dpo"):
+        assert run.fingerprint(stage, with_llm[0]) != run.fingerprint(stage, with_llm[1]), stage

@@ -38,7 +38,7 @@ from rlhf.lora import (
 )
 from rlhf.models import load_policy, load_reward_model, reward_scores, token_logprobs
 from rlhf.rl.roles import check_frozen, frozen_digests
-from rlhf.run import LATER_SECTIONS, STAGE_SECTIONS, STAGES, RunDir, stage_inputs, stage_seed
+from rlhf.run import LATER_SECTIONS, STAGES, RunDir, stage_inputs, stage_sections, stage_seed
 from rlhf.training import build_optimizer
 
 LORA = LoRAConfig(enabled=True, r=4, alpha=8.0)
@@ -337,13 +337,14 @@ def test_each_stage_applies_lora_as_model_lora_stages_says():
 
 
 def fingerprint_before_lora_stages(run: RunDir, stage: str, cfg) -> str:
-    """RunDir.fingerprint as it was before model.lora.stages existed: every section whole, no per-stage LoRA entry."""
+    """RunDir.fingerprint as it was before model.lora.stages existed: every section whole, no per-stage LoRA entry
+    (the sections as `stage_sections` reads them now: the judge section only for a stage that asks the LLM judge)."""
     tree = to_dict(cfg)
     del tree["model"]["lora"]["stages"]  # the key those runs did not have (nor the sections added since)
     payload = {
         "seed": stage_seed(cfg, stage),
         "mixed_precision": cfg.run.mixed_precision,
-        "sections": {section: tree[section] for section in STAGE_SECTIONS[stage] if section not in LATER_SECTIONS},
+        "sections": {section: tree[section] for section in stage_sections(stage, cfg) if section not in LATER_SECTIONS},
         "inputs": {name: fingerprint_before_lora_stages(run, name, cfg) for name in stage_inputs(stage, cfg)},
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]

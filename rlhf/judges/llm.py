@@ -16,6 +16,8 @@ judging each pair in both orders at temperature 0. Its prompt and answer parsing
   would fail every request, and so would an address that takes no connection after the retries
   (connection refused, unknown host; not a timeout), so the first one stops the batch: requests
   waiting to retry are reported as abandoned, with their last error, and the rest as not attempted.
+  It also stops the judge (`stopped`), as does a batch in which every request failed: later batches
+  send nothing, and their judgments fail at once as not attempted, with the reason.
 - Answers are bounded: the verdict is read from the whole answer, but only `answer_char_limit`
   (8 characters per `max_tokens` token) is kept, its start and its end around a note of the cut
   (`bound_answer`), so a server that ignores `max_tokens` cannot fill the disk. Counted in
@@ -98,7 +100,13 @@ class _Batch:
     stop: threading.Event
     api_key: str
     n_answered: int = 0  # complete HTTP responses (error statuses included): proof something listens
+    stopped_by: str | None = None  # the error that stopped the batch (and so the judge): unreachable, refused
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def stop_on(self, error: str) -> None:
+        with self.lock:
+            self.stopped_by = self.stopped_by or error
+        self.stop.set()
 
     def answered(self) -> None:
         with self.lock:
@@ -122,6 +130,9 @@ class OpenAIJudge(Judge):
         self.cache = JudgmentCache(cache_path) if cache_path is not None else None
         self._rng = random.Random()
         self._sleep = sleep  # tests may record delays; None: wait on the stop event
+        # Set when a batch stops on an error every later request would meet too (nothing answers at the address,
+        # the key or model is refused), or when every request of a batch failed: later batches send nothing.
+        self.stopped: str | None = None
 
     # -- configuration ------------------------------------------------------------------
 
@@ -173,6 +184,8 @@ class OpenAIJudge(Judge):
             entry = self.cache.get(key) if self.cache is not None else None
             if entry is not None:
                 results[i] = self._from_cache(key, entry)
+            elif self.stopped is not None:
+                results[i] = Judgment("invalid", error=f"not attempted: the judge stopped earlier: {self.stopped}")
             else:
                 todo.setdefault(key, []).append(i)
         if todo:
@@ -239,6 +252,7 @@ class OpenAIJudge(Judge):
         batch = _Batch(threading.Event(), api_key)
         client = openai.OpenAI(api_key=api_key, base_url=self.base_url, max_retries=0, timeout=self.settings.timeout_s)
         pool = ThreadPoolExecutor(max_workers=self.settings.max_concurrency)
+        failures: list[str] = []
         try:
             futures = {pool.submit(self._request, client, openai, item, batch): k for k, item in requests.items()}
             for future in tqdm(
@@ -259,7 +273,13 @@ class OpenAIJudge(Judge):
                         }
                     )
                     judgment = dataclasses.replace(judgment, cache_key=key)
+                if judgment.error is not None:
+                    failures.append(judgment.error)
                 yield key, judgment
+            if batch.stopped_by is not None:
+                self.stopped = batch.stopped_by
+            elif len(failures) == len(futures):  # not one answer: the next batch would fare no better
+                self.stopped = f"every request of a batch failed, the last with {failures[-1]}"
         finally:  # also on Ctrl-C: queued requests are dropped, running ones stop at their next retry
             batch.stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
@@ -286,17 +306,19 @@ class OpenAIJudge(Judge):
         (refused, unknown host) stops the batch, as every other request would fail the same way."""
         if not _could_not_connect(err):
             return f"{message} (the connection broke before a complete response; gave up after {attempts} attempts)"
-        batch.stop.set()
         url = _public_url(self.base_url) or "api.openai.com"
         if batch.n_answered:
-            return (
+            error = (
                 f"{message} (gave up after {attempts} attempts; {url} answered {batch.n_answered} requests of this "
                 "batch, then stopped taking connections: check that the server is still running)"
             )
-        return (
-            f"{message} (gave up after {attempts} attempts; nothing answers at {url}: "
-            f"check judge.base_url or {BASE_URL_ENV})"
-        )
+        else:
+            error = (
+                f"{message} (gave up after {attempts} attempts; nothing answers at {url}: "
+                f"check judge.base_url or {BASE_URL_ENV})"
+            )
+        batch.stop_on(error)
+        return error
 
     def _request(self, client, openai, item: Item, batch: _Batch) -> Judgment:
         """One judgment, with retries; never raises for API trouble: a failure is a Judgment."""
@@ -341,7 +363,7 @@ class OpenAIJudge(Judge):
                 if isinstance(err, openai.APIStatusError):
                     batch.answered()
                 if isinstance(err, fatal):
-                    batch.stop.set()
+                    batch.stop_on(message)
                     return Judgment("invalid", error=message, attempts=attempts)
                 status = getattr(err, "status_code", None)
                 if not (isinstance(err, retryable) or status in (408, 409) or (status or 0) >= 500):

@@ -158,7 +158,7 @@ def section_win_rates(data: RunData) -> str:
     }
     if not_run:
         reasons = "; ".join(f"`{judge}` ({why})" for judge, why in not_run.items())
-        lines += ["", f"Judges asked for that did not run: {reasons}."]
+        lines += ["", f"Judges asked for that did not run or gave no verdicts: {reasons}."]
     for judge in ran:
         info = judges_info.get(judge) or {}
         pairings = win_rates[judge]

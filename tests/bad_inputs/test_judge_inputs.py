@@ -55,6 +55,23 @@ def test_unreachable_base_url_stops_the_batch_after_one_request_gives_up(server,
     assert not (tmp_path / "cache.jsonl").exists()  # failures are never cached: a re-run asks again
 
 
+@pytest.mark.parametrize("cause", ["nothing listens", "every request fails"])
+def test_a_judge_that_stopped_sends_nothing_in_later_batches(server, cause):
+    """Eval compares many pairings, one batch each: once a batch has found nothing listening, or had every
+    request fail, the judge is stopped and a later batch fails at once, with the reason, without a request."""
+    url = f"http://127.0.0.1:{closed_port()}/v1" if cause == "nothing listens" else None
+    where = {"base_url": url} if url else {}
+    judge = J.OpenAIJudge(settings(server, max_retries=1, max_concurrency=2, timeout_s=1.0, **where))
+    first = judge.compare(PROMPTS, [f"FAIL500 {a}" for a in A], B)
+    assert first.summary()["n"] == 0 and judge.stopped is not None
+    expected = f"nothing answers at {url}" if url else "every request of a batch failed, the last with Internal"
+    assert expected in judge.stopped
+    sent = len(server.requests)
+    later = judge.compare(PROMPTS, B, A)
+    assert len(server.requests) == sent and later.info["n_requests"] == 0 and later.info["n_failed"] == 10
+    assert {j.error for j in later.judgments_ab} == {f"not attempted: the judge stopped earlier: {judge.stopped}"}
+
+
 def test_a_response_cut_off_mid_body_fails_that_request_alone(server, tmp_path):
     """After earlier answers, one request's response breaks off mid-body (headers announce the whole
     answer, half comes, the connection closes) on every attempt: that request fails, labelled as a
@@ -224,3 +241,28 @@ def test_eval_stage_with_1mb_judge_answers_keeps_the_run_folder_small(server, ev
     stored = sum(p.read_bytes().count(b"Let me think.") for p in eval_run.rglob("*") if p.is_file())
     assert stored == len(entries)  # each answer once
     assert "answers were longer than 2048 characters" in result.stdout
+
+
+def test_an_llm_judge_that_never_answers_stops_once_and_is_reported_failed_not_as_a_judge(server, eval_run):
+    """Nothing listens at judge.base_url: the first batch gives up, every later pairing sends nothing, the stage
+    says so in one line, and the judge is in no win rate or agreement; its entry is a failed status with the
+    counts, which the report shows. Before, each pairing retried in full and the report presented the judge's
+    ties between identical answers as its verdicts ("win rate 0.500", "agreement 1.000")."""
+    from conftest import run_script
+
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    result = run_eval(
+        eval_run, server, "eval.judges=gold,reward,openai", f"judge.base_url={url}", "judge.max_retries=1"
+    )
+    evaluation = json.loads((eval_run / "summary.json").read_text())["eval"]
+    assert "openai" not in evaluation["win_rates"] and set(evaluation["win_rates"]) == {"gold", "reward"}
+    assert not any("openai" in key for key in evaluation["judge_agreement"])
+    status = evaluation["judges"]["openai"]["status"]
+    assert status.startswith("failed (") and "judgments failed; the judge stopped" in status
+    assert f"nothing answers at {url}" in status and evaluation["judges"]["openai"]["n_failed"] > 0
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[eval] judge openai")]
+    assert len(lines) == 1 and lines[0].endswith("left out of the win rates"), result.stdout[-2000:]
+    assert server.requests == []
+    run_script("part4_eval/make_report.py", eval_run)
+    report = (eval_run / "report.md").read_text()
+    assert "gave no verdicts: `openai` (failed (" in report and "#### Judge: `openai`" not in report
