@@ -82,10 +82,41 @@ def warn_if_cpu_shared(accelerator: Accelerator) -> None:
         )
 
 
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX512-BF16 and AMX-BF16; Arm's BF16 (`Features`)
+
+
+def cpu_computes_bf16(cpuinfo: str) -> bool | None:
+    """Whether the CPU has bf16 arithmetic (BF16_CPU_FLAGS), from /proc/cpuinfo's text; None when the text lists
+    no flags at all (a format this does not know)."""
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            flags.update(value.split())
+    return bool(flags & set(BF16_CPU_FLAGS)) if flags else None
+
+
+def warn_if_bf16_is_emulated(accelerator: Accelerator, mixed_precision: str) -> None:
+    """On a CPU without bf16 arithmetic, one line at start-up: bf16 autocast there runs each op through float32
+    conversions, many times slower than float32 itself (docs/gpu.md, "bf16 on CPU")."""
+    if mixed_precision != "bf16" or accelerator.device.type != "cpu":
+        return
+    try:
+        computes = cpu_computes_bf16(Path("/proc/cpuinfo").read_text())
+    except OSError:  # not Linux: nothing to read the flags from
+        return
+    if computes is False:
+        accelerator.print(
+            "[cpu] run.mixed_precision=bf16 on a CPU without bf16 arithmetic (/proc/cpuinfo has none of "
+            f"{', '.join(BF16_CPU_FLAGS)}): every op is emulated, tiny SFT measured about 30x slower than in float32 "
+            "(docs/gpu.md); pass run.mixed_precision=no"
+        )
+
+
 def make_accelerator(cfg: Config, stage: str | None = None) -> Accelerator:
     """One Accelerator per stage; each process gets its own seed (Huang et al. 2024, detail 13), from
     `stage_seed(cfg, stage)` (run.method_seed for an alignment stage), and on CPU, advice on threads when
-    other jobs share the cores (`warn_if_cpu_shared`)."""
+    other jobs share the cores (`warn_if_cpu_shared`) and on bf16 without bf16 arithmetic."""
     if cfg.run.mixed_precision not in ("no", "bf16", "fp16"):
         raise UserError(f"run.mixed_precision must be 'no', 'bf16' or 'fp16', got '{cfg.run.mixed_precision}'")
     # bf16 autocast runs on CPU too (slowly without bf16 units; it is how the tests exercise the GPU presets'
@@ -96,6 +127,7 @@ def make_accelerator(cfg: Config, stage: str | None = None) -> Accelerator:
     # gloo group (MULTI_CPU) instead of running each one alone.
     accelerator = Accelerator(mixed_precision=cfg.run.mixed_precision, cpu=not torch.cuda.is_available())
     set_seed(cfg.run.seed if stage is None else stage_seed(cfg, stage), device_specific=True)
+    warn_if_bf16_is_emulated(accelerator, cfg.run.mixed_precision)
     warn_if_cpu_shared(accelerator)
     return accelerator
 

@@ -192,3 +192,35 @@ def test_a_parameter_with_optim_settings_gets_its_own_group():
         (1, 0.05, 0.0),
     ]
     assert groups[2]["params"][0] is model.scale
+
+
+AVX2_EPYC = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma bmi2 sha_ni\n"
+SAPPHIRE_RAPIDS = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+@pytest.mark.parametrize(
+    "cpuinfo, expected", [(AVX2_EPYC, False), (SAPPHIRE_RAPIDS, True), (GRAVITON3, True), ("processor : 0\n", None)]
+)
+def test_bf16_arithmetic_is_read_from_the_cpu_flags(cpuinfo, expected):
+    from rlhf.training import cpu_computes_bf16
+
+    assert cpu_computes_bf16(cpuinfo) is expected
+
+
+@pytest.mark.parametrize("cpuinfo", [AVX2_EPYC, SAPPHIRE_RAPIDS])
+@pytest.mark.parametrize("mixed_precision", ["bf16", "no"])
+def test_bf16_without_bf16_arithmetic_is_one_line_at_start_up(monkeypatch, cpuinfo, mixed_precision):
+    import rlhf.training as training
+
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: cpuinfo if str(p) == "/proc/cpuinfo" else real_read(p))
+    printed = []
+    accelerator = SimpleNamespace(device=torch.device("cpu"), print=printed.append)
+    training.warn_if_bf16_is_emulated(accelerator, mixed_precision)
+    if cpuinfo is AVX2_EPYC and mixed_precision == "bf16":
+        [line] = printed
+        assert "without bf16 arithmetic" in line and "avx512_bf16, amx_bf16" in line
+        assert line.endswith("pass run.mixed_precision=no") and "\n" not in line
+    else:
+        assert printed == []
