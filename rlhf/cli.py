@@ -112,6 +112,8 @@ def start_stage(
         check(cfg)
     run.require((*requires, *config_inputs(stage, cfg)), cfg, then=stage)
     check_writable(run.stage(stage))
+    if main_process() and (replaced := run.replaced_line(stage, cfg)):
+        print(replaced)  # a result made with other settings (a stage run by hand) is never replaced unannounced
     run.clear_complete(stage)
     if force:
         shutil.rmtree(run.checkpoint_dir(stage), ignore_errors=True)

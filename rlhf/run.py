@@ -292,6 +292,22 @@ class RunDir:
             f"or redo {target} with this config: {build}"
         )
 
+    def replaced_line(self, stage: str, cfg: Config) -> str | None:
+        """For a stage that completed here with another config, the line it prints as it starts again: the
+        settings that differ (its own or an input's) and the folder it replaces; None for a stage never completed
+        here, or complete for `cfg`."""
+        if not (self.stage(stage) / COMPLETE_FILE).is_file() or self.is_complete(stage, cfg):
+            return None
+        ran_with = self.saved_config(stage)
+        if ran_with is None:
+            changed = "with settings its config.yaml no longer shows"
+        elif differences := config_differences(ran_with, cfg, fingerprinted_keys(stage, cfg)):
+            shown = ", ".join(f"{key}: {_spell(old)} there, {_spell(new)} now" for key, old, new in differences[:5])
+            changed = f"with {shown}" + (f" and {len(differences) - 5} more" if len(differences) > 5 else "")
+        else:
+            changed = "with another version of this code"
+        return f"[{stage}] completed in {self.stage(stage)} {changed}: re-running it replaces that result"
+
     def saved_config(self, stage: str) -> Config | None:
         """The config in the stage's config.yaml when it reproduces the fingerprint its complete.json holds."""
         try:

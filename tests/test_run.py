@@ -32,3 +32,22 @@ def test_each_stage_records_the_threads_it_ran_with_beside_its_timing(tmp_path):
         torch.set_num_threads(threads)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["cpu_threads"] == {"sft": 2, "ppo": 1}
+
+
+def test_a_stage_that_replaces_a_result_made_with_other_settings_says_so_as_it_starts(tmp_path, capsys):
+    """A stage run by hand with an override, then the preset again: the second run names the setting that
+    differs and the folder it replaces, before it clears the first one's result."""
+    from rlhf.cli import start_stage
+
+    out = ["--preset", "tiny", "--output-dir", str(tmp_path)]
+    started = start_stage("dpo", [*out, "dpo.beta=0.3"])
+    assert started is not None and "replaces" not in capsys.readouterr().out  # nothing here before
+    cfg, run = started
+    run.mark_complete("dpo", cfg, {})
+    assert start_stage("dpo", [*out, "dpo.beta=0.3"]) is None  # complete for these settings: skipped
+    capsys.readouterr()
+    assert start_stage("dpo", out) is not None
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"[dpo] completed in {tmp_path / 'dpo'} with dpo.beta: 0.3 there, 0.1 now: re-running it replaces that result"
+    )
+    assert not run.is_complete("dpo", cfg)
