@@ -48,7 +48,8 @@ DROP_REASONS = (
 )
 # What the user can do about each reason, for the one-line errors of the data stage.
 DROP_HINTS = {
-    "malformed": "each row must be a JSON object with string 'chosen' and 'rejected' fields",
+    "malformed": "each row must be a JSON object with string 'chosen' and 'rejected' dialogues, or TRL's "
+    "'prompt', 'chosen' and 'rejected' (text, or lists of role/content messages); docs/data.md has an example of each",
     "no_assistant_turn": "each dialogue needs a '\\n\\nAssistant:' turn",
     "diverging_prompts": "chosen and rejected must share every turn before the final response",
     "tie": "chosen and rejected responses must differ",
@@ -118,8 +119,61 @@ def parse_pair(row: object) -> ParsedPair | str:
     return ParsedPair(chosen_prompt, chosen, rejected)
 
 
+SPEAKERS = {"user": "Human", "assistant": "Assistant"}
+
+
+def conversation_dialogue(messages: object) -> str | None:
+    """A list of chat messages ({"role": "user" | "assistant" | "system", "content": str}) as one HH dialogue; a
+    system message joins the next user turn. None when `messages` is not such a list."""
+    if not isinstance(messages, list):
+        return None
+    turns, system = [], []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            return None
+        role, content = message.get("role"), message["content"].strip()
+        if role == "system":
+            system.append(content)
+        elif role in SPEAKERS:
+            if role == "user" and system:
+                content, system = "\n".join([*system, content]), []
+            turns.append(f"\n\n{SPEAKERS[role]}: {content}")
+        else:
+            return None
+    return "".join(turns)
+
+
+def hh_prompt(prompt: str) -> str:
+    """A plain-text prompt as an HH prompt ending in the assistant's turn; an HH prompt as it is."""
+    if prompt.startswith("Human:"):  # HH text whose leading blank line was stripped
+        prompt = "\n\n" + prompt
+    if not prompt.startswith(HUMAN):
+        return f"{HUMAN} {prompt.strip()}{ASSISTANT}"
+    return prompt if prompt.rstrip().endswith(ASSISTANT) else prompt.rstrip() + ASSISTANT
+
+
+def hh_dialogues(raw: object) -> object:
+    """TRL's preference rows as HH dialogues, other rows as they are. TRL's formats: an explicit prompt,
+    {"prompt", "chosen", "rejected"}, in plain text (a prompt and two responses) or as chat messages (the
+    prompt's turns and each response's assistant turn); or, without a prompt, two whole conversations as
+    messages that share every turn before the last. The prompt field becomes part of each dialogue."""
+    if not isinstance(raw, dict):
+        return raw
+    prompt, chosen, rejected = raw.get("prompt"), raw.get("chosen"), raw.get("rejected")
+    meta = {key: value for key, value in raw.items() if key not in ("prompt", "chosen", "rejected")}
+    if isinstance(chosen, list) and isinstance(rejected, list) and (prompt is None or isinstance(prompt, list)):
+        dialogues = [conversation_dialogue((prompt or []) + response) for response in (chosen, rejected)]
+        return {"chosen": dialogues[0], "rejected": dialogues[1], **meta} if None not in dialogues else raw
+    if isinstance(prompt, str) and isinstance(chosen, str) and isinstance(rejected, str):
+        start = hh_prompt(prompt)
+        return {"chosen": f"{start} {chosen.lstrip()}", "rejected": f"{start} {rejected.lstrip()}", **meta}
+    return raw
+
+
 def hh_row(raw: object) -> dict | str:
-    """The processed HH row: prompt and responses, plus any metadata the source carried (e.g. gold scores)."""
+    """The processed HH row: prompt and responses, plus any metadata the source carried (e.g. gold scores).
+    Rows in TRL's preference formats are read too (`hh_dialogues`)."""
+    raw = hh_dialogues(raw)
     pair = parse_pair(raw)
     if not isinstance(pair, ParsedPair):
         return pair

@@ -144,3 +144,58 @@ def test_a_single_file_is_all_train_whatever_its_name(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in _rows()) + "\n")
     splits = load_raw_splits(str(path))
     assert splits["train"] == _rows() and splits["test"] == []
+
+
+BOIL = "\n\nHuman: How do I boil an egg?\n\nAssistant:"
+TRL_ROWS = {
+    "plain": {"prompt": "How do I boil an egg?", "chosen": "Boil it 8 minutes.", "rejected": "No idea.", "id": 7},
+    "plain, an HH prompt": {"prompt": BOIL, "chosen": " Boil it 8 minutes.", "rejected": " No idea.", "id": 7},
+    "conversational": {
+        "prompt": [{"role": "user", "content": "How do I boil an egg?"}],
+        "chosen": [{"role": "assistant", "content": "Boil it 8 minutes."}],
+        "rejected": [{"role": "assistant", "content": "No idea."}],
+        "id": 7,
+    },
+    "conversational, no prompt": {
+        "chosen": [
+            {"role": "user", "content": "How do I boil an egg?"},
+            {"role": "assistant", "content": "Boil it 8 minutes."},
+        ],
+        "rejected": [
+            {"role": "user", "content": "How do I boil an egg?"},
+            {"role": "assistant", "content": "No idea."},
+        ],
+        "id": 7,
+    },
+}
+
+
+@pytest.mark.parametrize("shape", TRL_ROWS)
+def test_trls_preference_rows_read_as_the_hh_row_they_hold(shape):
+    """TRL's {"prompt", "chosen", "rejected"} rows, in text or as chat messages, failed as no_assistant_turn."""
+    from rlhf.data import hh_row
+
+    assert hh_row(TRL_ROWS[shape]) == {
+        "prompt": BOIL,
+        "chosen": " Boil it 8 minutes.",
+        "rejected": " No idea.",
+        "id": 7,
+    }
+
+
+def test_a_system_message_joins_the_next_user_turn_and_odd_messages_are_malformed():
+    from rlhf.data import hh_row
+
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
+    row = hh_row(
+        {
+            "prompt": system,
+            "chosen": [{"role": "assistant", "content": "Hello."}],
+            "rejected": [{"role": "assistant", "content": "Go away."}],
+        }
+    )
+    assert row["prompt"] == "\n\nHuman: Be brief.\nHi?\n\nAssistant:"
+    odd = {"prompt": [{"role": "tool", "content": "x"}], "chosen": [], "rejected": []}
+    assert hh_row(odd) == "malformed" and hh_row({"prompt": "Hi?", "chosen": ["a"], "rejected": "b"}) == "malformed"
+    no_answer = {"chosen": [{"role": "user", "content": "Hi?"}], "rejected": [{"role": "user", "content": "Hi?"}]}
+    assert hh_row(no_answer) == "no_assistant_turn"
