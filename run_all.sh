@@ -5,6 +5,7 @@
 #   bash run_all.sh --preset tiny --only data,sft       some stages;  --from reward: that stage onwards
 #   RLHF_LAUNCH="accelerate launch --multi_gpu" bash run_all.sh --preset gpt2-hh    several GPUs
 set -euo pipefail
+export RLHF_CALLER_DIR="${RLHF_CALLER_DIR:-$PWD}"  # relative paths mean what they do where the command was typed
 cd "$(dirname "$0")"
 source scripts/env.sh
 exec "$PY" -m rlhf.pipeline "$@"

@@ -210,17 +210,9 @@ def source_stats(source: Source, splits, lengths, reasons) -> dict:
 
 
 def startup_checks(cfg) -> None:
-    """Before any data loads: the shares of the split are valid, the model folders exist, and the data limits fit
-    the model's positions (the SFT stage would otherwise find out only after this stage ran)."""
-    shares = {key: getattr(cfg.data, key) for key in ("val_fraction", "test_fraction", "judge_fraction")}
-    for key, share in shares.items():
-        if not 0 <= share < 1:
-            raise UserError(f"data.{key} must be in [0, 1), got {share}")
-    if sum(shares.values()) >= 1:
-        raise UserError(
-            "data.val_fraction + data.test_fraction + data.judge_fraction = "
-            f"{sum(shares.values()):g} leaves no training prompts; lower them to a sum below 1"
-        )
+    """Before any data loads (the config's own rules, split shares included, were checked as it loaded): the
+    model folders exist, and the data limits fit the model's positions (the SFT stage would otherwise find out only
+    after this stage ran)."""
     if cfg.data.chat_template and cfg.tokenizer.train_from_data:
         raise UserError("data.chat_template needs a pretrained tokenizer; set tokenizer.train_from_data=false")
     check_model_sources(cfg.tokenizer, cfg.model)

@@ -46,18 +46,35 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run_arguments(args: argparse.Namespace) -> list[str]:
-    """The parsed run arguments as a command line, without --force, for the commands an error suggests: paths
-    relative to this folder are made absolute when it is not the repository root (run_all.sh runs from there)."""
+CALLER_DIR_ENV = "RLHF_CALLER_DIR"  # set by run_all.sh, which runs from the repository: the folder it was typed in
+PATH_KEYS = ("data.path", "data.sft_path", "model.name_or_path", "tokenizer.name_or_path", "collect.reward_model")
 
-    def path(value: str) -> str:
-        return value if Path(value).is_absolute() or Path.cwd() == REPO_ROOT else str(Path(value).resolve())
+
+def caller_path(value: str, must_exist: bool = False) -> str:
+    """A relative path as the folder the command was typed in means it: absolute when that folder is not the
+    repository root (whence run_all.sh runs every stage). `must_exist`: only when it exists there (a config value
+    that may also be a Hub id)."""
+    caller = Path(os.environ.get(CALLER_DIR_ENV) or Path.cwd()).resolve()
+    path = Path(value).expanduser()
+    if path.is_absolute() or caller == REPO_ROOT or (must_exist and not (caller / path).exists()):
+        return value
+    return str((caller / path).resolve())
+
+
+def run_arguments(args: argparse.Namespace) -> list[str]:
+    """The parsed run arguments as a command line, without --force, for each stage of a pipeline run and the
+    commands an error suggests: relative paths (--config, --output-dir, local `PATH_KEYS` values) made absolute,
+    as the folder the command was typed in means them (`caller_path`)."""
+
+    def override(item: str) -> str:
+        key, sep, value = item.partition("=")
+        return f"{key}={caller_path(value, must_exist=True)}" if sep and key.strip() in PATH_KEYS else item
 
     return [
         *(["--preset", args.preset] if args.preset else []),
-        *(["--config", path(args.config)] if args.config else []),
-        *(["--output-dir", path(args.output_dir)] if args.output_dir else []),
-        *args.overrides,
+        *(["--config", caller_path(args.config)] if args.config else []),
+        *(["--output-dir", caller_path(args.output_dir)] if args.output_dir else []),
+        *map(override, args.overrides),
     ]
 
 
@@ -70,6 +87,7 @@ def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config,
     )
     add_run_arguments(parser)
     args = parser.parse_args(argv)
+    args = parser.parse_args([*(["--force"] if args.force else []), *run_arguments(args)])  # paths as typed
     name = args.preset or (None if args.config else "tiny")
     cfg = load_config(preset_path(name) if name else args.config, args.overrides)
     if args.output_dir:

@@ -484,10 +484,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         try:
             tree = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as exc:
-            raise UserError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise UserError(
+                f"{path} is not valid YAML{where}: {what}; the mistake is there or just before it"
+            ) from None
         if not isinstance(tree, dict):
             raise UserError(f"{path} must hold a mapping of sections, got {type(tree).__name__}")
         _merge(cfg, tree, source=str(path))
+        defaults = {"model": f"model {cfg.model.name_or_path}", "data": f"data {cfg.data.path}"}
+        if unnamed := [section for section in defaults if section not in tree]:
+            raise UserError(
+                f"{path} has no {' or '.join(repr(s) for s in unnamed)} section, so the run would take the default "
+                f"{' and '.join(defaults[s] for s in unnamed)} (from the Hub); add the section, or start from a "
+                "preset's file (configs/tiny.yaml) and change what you need"
+            )
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -550,6 +562,27 @@ def validate(cfg: Config) -> None:
             for name in section.split("."):
                 node = getattr(node, name)
             require_positive(node, [leaf], section)
+    shares = {key: getattr(cfg.data, key) for key in ("val_fraction", "test_fraction", "judge_fraction")}
+    for key, share in shares.items():
+        if not 0 <= share < 1:
+            raise UserError(
+                f"data.{key} must be in [0, 1), got {share}; set a share of the prompts, e.g. data.{key}=0.1"
+            )
+    if sum(shares.values()) >= 1:
+        raise UserError(
+            "data.val_fraction + data.test_fraction + data.judge_fraction = "
+            f"{sum(shares.values()):g} leaves no training prompts; lower them to a sum below 1"
+        )
+    for key in ("annotator_noise", "length_bias"):  # probabilities of the embedded task's annotator
+        if not 0 <= (value := getattr(cfg.data.embedded, key)) <= 1:
+            raise UserError(f"data.embedded.{key}={value} is a probability; set it in [0, 1]")
+    for section in ("sft", "reward", "dpo", "ppo", "grpo", "raft", "online_dpo"):
+        node = getattr(cfg, section)
+        if node.micro_batch_size > node.batch_size:
+            raise UserError(
+                f"{section}.micro_batch_size={node.micro_batch_size} is larger than {section}.batch_size="
+                f"{node.batch_size}; set {section}.micro_batch_size to a divisor of {node.batch_size}"
+            )
     if not 0 <= cfg.data.max_invalid_fraction <= 1:
         raise UserError(
             f"data.max_invalid_fraction={cfg.data.max_invalid_fraction} must lie in [0, 1]; "

@@ -79,3 +79,17 @@ def test_the_readme_says_to_activate_the_environment_its_python_commands_need():
     readme = (REPO / "README.md").read_text()
     quickstart = readme.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     assert "source .venv/bin/activate" in quickstart
+
+
+def test_relative_paths_mean_what_they_do_where_run_all_was_typed(tmp_path, monkeypatch):
+    """run_all.sh runs from the repository: `data.path=pairs.jsonl` typed in another folder was looked up in the
+    repository. Paths are now the caller's (RLHF_CALLER_DIR); a value that is no file there (a Hub id) stays."""
+    (tmp_path / "pairs.jsonl").write_text("{}\n")
+    monkeypatch.setenv("RLHF_CALLER_DIR", str(tmp_path))
+    typed = ["--preset", "tiny", "--output-dir", "run", "data.path=pairs.jsonl", "model.name_or_path=gpt2"]
+    cfg, run, _ = parse_stage_args("data", typed)
+    assert cfg.data.path == str(tmp_path / "pairs.jsonl") and run.root == tmp_path / "run"
+    assert cfg.model.name_or_path == "gpt2"
+    monkeypatch.setenv("RLHF_CALLER_DIR", str(REPO))  # typed in the repository: as it was
+    cfg, run, _ = parse_stage_args("data", ["--preset", "tiny", "--output-dir", "run", "data.path=embedded"])
+    assert cfg.data.path == "embedded" and str(run.root) == "run"

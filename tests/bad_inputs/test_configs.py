@@ -182,3 +182,39 @@ def test_data_limits_beyond_the_model_context_fail_before_sft_trains(capsys, rl_
     )
     assert_nothing_lost(rl_run, "sft")
     assert not run.model_dir("sft").with_name("model.tmp").exists()
+
+
+@pytest.mark.parametrize(
+    "script, stage, override, problem, fix",
+    [
+        (DATA, "data", "data.embedded.length_bias=2", "data.embedded.length_bias=2.0 is a probability", "in [0, 1]"),
+        (DATA, "data", "data.embedded.annotator_noise=-0.1", "annotator_noise=-0.1 is a probability", "in [0, 1]"),
+        (SFT, "sft", "data.val_fraction=1.5", "data.val_fraction must be in [0, 1), got 1.5", "data.val_fraction=0.1"),
+        (SFT, "sft", "sft.micro_batch_size=64", "sft.micro_batch_size=64 is larger than sft.batch_size=32", "divisor"),
+    ],
+)
+def test_out_of_range_settings_stop_every_stage_at_start_up(capsys, run_dir, script, stage, override, problem, fix):
+    """Before, the annotator's probabilities failed with a 17-line traceback in the data stage (after writing its
+    config.yaml), a micro-batch above the batch was quietly cut to it, and a share above 1 reached only the data
+    stage's checks."""
+    message = fail_in_process(capsys, script, run_dir, override)
+    assert_problem_and_fix(message, problem, fix)
+    assert_nothing_lost(run_dir, stage)
+    assert not (run_dir / stage / "config.yaml").exists() or stage != "data"
+
+
+@pytest.mark.parametrize(
+    "yaml_text, problem, fix",
+    [
+        ("model:\n  init: random\ndata:\n  path: [embedded\n", "is not valid YAML at line 5, column 1", "just before"),
+        ("sft:\n  lr: 0.001\n", "has no 'model' or 'data' section", "start from a preset's file (configs/tiny.yaml)"),
+        ("data:\n  path: embedded\n", "has no 'model' section, so the run would take the default model gpt2", "add"),
+    ],
+)
+def test_a_config_file_that_would_not_run_as_meant_names_where_and_why(
+    capsys, run_dir, tmp_path, yaml_text, problem, fix
+):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml_text)
+    message = fail_in_process(capsys, SFT, run_dir, "--config", str(path), preset=None)
+    assert_problem_and_fix(message, [str(path), problem], fix)
