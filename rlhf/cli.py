@@ -130,6 +130,8 @@ def start_stage(
         check(cfg)
     run.require((*requires, *config_inputs(stage, cfg)), cfg, then=stage)
     check_writable(run.stage(stage))
+    if main_process():
+        hold_stage_lock(run, stage)
     if main_process() and (replaced := run.replaced_line(stage, cfg)):
         print(replaced)  # a result made with other settings (a stage run by hand) is never replaced unannounced
     run.clear_complete(stage)
@@ -140,6 +142,40 @@ def start_stage(
         write_text_atomic(run.stage(stage) / "config.yaml", dump_yaml(cfg))
     quiet_loading_bars()
     return cfg, run
+
+
+_HELD_LOCKS: dict[Path, object] = {}  # lock file -> its open handle: each lock lasts as long as this process
+
+
+def hold_stage_lock(run: RunDir, stage: str) -> None:
+    """One process at a time runs `stage` in a run folder: a second one (another terminal, the same command with
+    other settings) stops at start-up, in one line, before it writes anything, rather than mixing its config,
+    checkpoints and model with the first's. An advisory lock on `<run>/.<stage>.lock` (flock), released by the
+    operating system when the process ends however it ends; not taken where flock does not exist (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    path = (run.root / f".{stage}.lock").resolve()
+    if path in _HELD_LOCKS:  # this process holds it already (a stage started twice in one process, as tests do)
+        return
+    run.root.mkdir(parents=True, exist_ok=True)
+    handle = open(path, "a+")  # noqa: SIM115 (held open until the process exits)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise UserError(
+            f"stage '{stage}' is already running in {run.root} ({holder}); wait for it to finish, or give this run "
+            "its own --output-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    _HELD_LOCKS[path] = handle
 
 
 def quiet_loading_bars() -> None:

@@ -93,3 +93,36 @@ def test_relative_paths_mean_what_they_do_where_run_all_was_typed(tmp_path, monk
     monkeypatch.setenv("RLHF_CALLER_DIR", str(REPO))  # typed in the repository: as it was
     cfg, run, _ = parse_stage_args("data", ["--preset", "tiny", "--output-dir", "run", "data.path=embedded"])
     assert cfg.data.path == "embedded" and str(run.root) == "run"
+
+
+def test_a_second_process_running_a_stage_in_the_same_folder_stops_before_writing(tmp_path):
+    """Two SFT runs with different lr in one folder: config.yaml said one, model/ and complete.json came from the
+    other. The second now stops in one line, naming the first, and writes nothing; once the first ends, it runs."""
+    from rlhf.cli import hold_stage_lock
+    from rlhf.errors import UserError
+    from rlhf.run import RunDir
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from rlhf.cli import hold_stage_lock; from rlhf.run import RunDir; "
+            f"hold_stage_lock(RunDir({str(tmp_path)!r}), 'sft'); print('held', flush=True); time.sleep(60)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(UserError) as error:
+            hold_stage_lock(RunDir(tmp_path), "sft")
+        assert str(error.value) == (
+            f"stage 'sft' is already running in {tmp_path} (pid {holder.pid}); wait for it to finish, or give this "
+            "run its own --output-dir"
+        )
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".sft.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+    hold_stage_lock(RunDir(tmp_path), "sft")  # released when its process ended
