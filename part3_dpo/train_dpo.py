@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
         "train_loss": last_train.get("dpo/train/loss"),
         "train_accuracy": last_train.get("dpo/train/rewards/accuracies"),
         "tokens_per_s": last_train.get("dpo/train/tokens_per_s"),
-        "train_tokens": throughput.tokens,  # what tokens_per_s counts: each pair's prompt once, both responses
+        "timed_tokens": throughput.tokens,  # what tokens_per_s counts, in this process (after a resume: since it)
         "peak_memory_mb": memory_mb,
         "peak_memory_source": memory_source,
     }

@@ -129,11 +129,11 @@ def test_dpo_tokens_per_s_counts_the_tokens_a_hand_count_gives(hh_run):
     dpo = read_summary(run)["dpo"]
     trained = dpo["steps"] * 16
     assert dpo["steps"] == len(rows) // 16
-    assert sum(per_pair[:trained]) <= dpo["train_tokens"] <= sum(per_pair[-trained:])
+    assert sum(per_pair[:trained]) <= dpo["timed_tokens"] <= sum(per_pair[-trained:])
     # tokens_per_s is that count over the training time: the last training row's rate times its clock
     last = [row for row in metric_rows(run, "dpo") if "dpo/train/tokens_per_s" in row][-1]
     assert last["dpo/train/tokens_per_s"] == dpo["tokens_per_s"]
-    assert 0.5 < dpo["tokens_per_s"] * last["time_s"] / dpo["train_tokens"] < 2
+    assert 0.5 < dpo["tokens_per_s"] * last["time_s"] / dpo["timed_tokens"] < 2
 
 
 def test_rl_tokens_per_s_counts_response_tokens_only(hh_run):

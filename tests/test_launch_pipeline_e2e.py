@@ -90,7 +90,7 @@ def test_the_documented_launch_runs_the_tiny_pipeline_as_one_process_does(tmp_pa
     summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
     for summary in summaries:  # SFT's gold check samples from run.seed on each process, not from a seed per row;
         summary["sft"] = {k: v for k, v in summary["sft"].items() if not k.startswith("gold_")}
-        del summary["dpo"]["train_tokens"]  # and DPO counts rank 0's tokens x processes (rlhf/dpo.py): an estimate
+        del summary["dpo"]["timed_tokens"]  # and DPO counts rank 0's tokens x processes (rlhf/dpo.py): an estimate
     same_tree([{k: v for k, v in s.items() if k != "timing_s"} for s in summaries])
     for name in files[0]:
         if name.startswith("eval/responses/"):
