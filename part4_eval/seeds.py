@@ -55,7 +55,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     followed by the overrides."""
     parser = argparse.ArgumentParser(prog="seeds.py", description="Re-run the alignment stages with K seeds.")
     parser.add_argument("--seeds", type=int, required=True, help="K: method seeds run.seed, ..., run.seed + K - 1")
-    parser.add_argument("--methods", help=f"comma-separated, from: {', '.join(METHOD_STAGES)} (default: see above)")
+    parser.add_argument(
+        "--methods",
+        help=f"comma-separated, from: {', '.join(METHOD_STAGES)} (default: those complete in the run folder, else all)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--preset", help="configs/NAME.yaml (default: tiny)")
     source.add_argument("--config", help="any YAML config file")

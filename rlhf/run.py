@@ -285,7 +285,8 @@ class RunDir:
         shown = ", ".join(f"{key}: {_spell(old)} there, {_spell(new)} now" for key, old, new in differences[:5])
         more = f" and {len(differences) - 5} more" if len(differences) > 5 else ""
         overrides = " ".join(shlex.quote(f"{key}={_spell(old)}") for key, old, _ in differences)
-        repeat = f"add {overrides} (the settings {target} ran with), or " if differences and not more else ""
+        ran = "it ran" if len(unfinished) == 1 else "they ran"
+        repeat = f"add {overrides} (the settings {ran} with), or " if differences and not more else ""
         instead_of = f"--preset {self.preset}" if self.preset else "your --config"
         return UserError(
             f"{problem}{f' ({shown}{more})' if shown else ''}; {repeat}pass --config {saved} in place of {instead_of}, "
