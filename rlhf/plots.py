@@ -99,6 +99,12 @@ REPORT_CURVE_KEYS = {
         "dpo/val/rewards/accuracies",
         "dpo/train/rewards/margins",
     ],
+    "online_dpo": [
+        "online_dpo/objective/scores",
+        "online_dpo/train/loss",
+        "online_dpo/train/rewards/margins",
+        "online_dpo/responses/length_mean",
+    ],
 }
 
 

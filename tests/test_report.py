@@ -1124,3 +1124,12 @@ def test_report_html_renders_in_a_headless_browser(reported, tmp_path):
     assert image.size == (1200, 3000)
     colours = image.getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 50  # text, tables, links and figures, not a blank page
+
+
+def test_the_training_curves_figure_has_a_row_for_every_trained_stage():
+    """Online DPO's row was missing: REPORT_CURVE_KEYS named no key of it."""
+    from rlhf import plots
+    from rlhf.report import TRAINED_STAGES
+
+    assert set(TRAINED_STAGES) <= set(plots.REPORT_CURVE_KEYS)
+    assert all(key.startswith(f"{stage}/") for stage, keys in plots.REPORT_CURVE_KEYS.items() for key in keys)
