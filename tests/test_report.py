@@ -627,16 +627,13 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     # PPO's interval excludes 0.5 but its Holm-adjusted sign test does not pass 0.05 under gold; it does
     # under the reward judge, where it is the only comparison with SFT.
     assert (
-        "- PPO is not distinguishable from SFT after Holm's adjustment under the `gold` judge: win rate 0.625, "
-        "95% CI [0.512, 0.726] excludes 0.5; sign test p = 0.033, Holm-adjusted 0.066." in text
+        "| PPO | `gold` | 0.625 | [0.512, 0.726] | 0.033 (0.066) | not distinguishable after Holm's adjustment |"
+        in text
     )
+    assert "| PPO | `reward` | 0.812 | [0.710, 0.880] | 0.033 (0.033) | **beats** |" in text
     assert (
-        "- PPO beats SFT under the `reward` judge: win rate 0.812, 95% CI [0.710, 0.880] excludes 0.5; "
-        "sign test p = 0.033, Holm-adjusted 0.033." in text
-    )
-    assert (
-        "- DPO is not distinguishable from SFT under the `gold` judge: "
-        "win rate 0.550, 95% CI [0.441, 0.655] includes 0.5; sign test p = 0.410, Holm-adjusted 0.410." in text
+        "| DPO | `gold` | 0.550 | [0.441, 0.655] | 0.410 (0.410) | not distinguishable (the interval includes 0.5) |"
+        in text
     )
     assert 'the family of "beats SFT" claims is Holm-controlled' in text
     # best-of-16 answered 40 of the 80 prompts: ranked with the others on its own prompts only
@@ -651,7 +648,9 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert "`temperature` 0.7, `top_p` 1, `max_new_tokens` 64, `seed` 1234, `num_prompts` 80." in text
     assert "not in this run (no `grpo` section in summary.json)" in text
     assert "GRPO: not evaluated in this run (no `eval.models.grpo`)" in text
-    assert "Judges asked for that did not run: `openai` (skipped: OPENAI_API_KEY is not set)" in text
+    assert (
+        "Judges asked for that did not run or gave no verdicts: `openai` (skipped: OPENAI_API_KEY is not set)" in text
+    )
     assert "#### Judge: `openai`" not in text  # no empty subsection for a judge that did not run
     assert "**External: published numbers, not measured in this run.**" in text and "0.629 / 0.669 / 0.689" in text
     # External numbers appear only in their own section.
@@ -711,7 +710,9 @@ def test_make_report_without_gold_or_policies_degrades_to_notes(tmp_path):
     # no gold judge on HH data: no section, caption or line speaks of it (the run folder's name may)
     assert "gold" not in text.replace(str(tmp_path), "").lower()
     assert "#### Judge:" not in text and "### Judge agreement" not in text  # nothing ran: nothing to show
-    assert "Judges asked for that did not run: `openai` (skipped: OPENAI_API_KEY is not set)" in text
+    assert (
+        "Judges asked for that did not run or gave no verdicts: `openai` (skipped: OPENAI_API_KEY is not set)" in text
+    )
     assert "PPO: not in this run" in text and "DPO: not in this run" in text
     assert "No response files" in text and "No best-of-N curve" in text
     assert "`Anthropic/hh-rlhf` (Anthropic's helpful/harmless human preference pairs)" in text

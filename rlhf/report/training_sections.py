@@ -287,23 +287,31 @@ def section_headline(data: RunData) -> str:
     ]
     lines += [line for text in notes if text for line in ("", text)]
     glance = at_a_glance(data.summary, data.responses)
-    if glance:
+    versus = versus_sft_rows(data.summary)
+    if glance or versus:
         proxy_only = statement.startswith("**Judges: the reward model alone.**")
         lead = "At a glance (read off the tables in this report" + (
             "; every line rests on the reward model alone, the proxy):" if proxy_only else "):"
         )
         lines += ["", lead, ""] + [f"- {line}" for line in glance]
+    if versus:
+        lines += [
+            "",
+            "Each method against SFT: it *beats* (or *loses to*) SFT when the win rate's 95% interval excludes 0.5 "
+            "and the sign test, Holm-adjusted over the judge's comparisons with SFT, is below 0.05.",
+            "",
+            markdown_table(["method vs SFT", "judge", "win rate", "95% CI", "sign test p (Holm)", "verdict"], versus),
+        ]
     return "\n".join(lines)
 
 
 def at_a_glance(summary: dict, responses: dict[str, list[dict]] | None = None) -> list[str]:
-    """A few plain statements derived from the numbers: who scores highest, and which wins over SFT are significant.
+    """A few plain statements derived from the numbers: who scores highest (`versus_sft_rows` says which wins over
+    SFT are significant).
 
     Means are ranked only over models that answered the same prompts: a model evaluated on fewer of them (best-of-N,
     on the first `eval.best_of_n.n_prompts`) is ranked with the others on its own prompts, from `responses`
     (eval/responses/<model>.jsonl rows), or said to be left out when those are not at hand.
-    A method beats (or loses to) SFT when its 95% interval excludes 0.5 and its Holm-adjusted sign test
-    (`sign_test_p_holm`) is below 0.05; without that key (an older summary.json) the interval alone decides.
     """
     models = eval_models(summary)
     n_all = get_path(summary, "eval.decoding.num_prompts")
@@ -343,6 +351,14 @@ def at_a_glance(summary: dict, responses: dict[str, list[dict]] | None = None) -
                     f"{model_label(small)} answered {fmt(models[small].get('n'))} of the {fmt(n_all)} prompts, so "
                     f"its mean {what} is not ranked with the others'."
                 )
+    return lines
+
+
+def versus_sft_rows(summary: dict) -> list[list[str]]:
+    """The table of every method against SFT under every judge that ran: win rate, interval, sign test and verdict.
+    A method beats (or loses to) SFT when its 95% interval excludes 0.5 and its Holm-adjusted sign test
+    (`sign_test_p_holm`) is below 0.05; without that key (an older summary.json) the interval alone decides."""
+    rows = []
     win_rates = get_path(summary, "eval.win_rates", {}) or {}
     for judge in [j for j in JUDGES if win_rates.get(j)] + sorted(set(win_rates) - set(JUDGES)):
         for key in ordered_pairings(win_rates[judge] or {}):
@@ -353,21 +369,18 @@ def at_a_glance(summary: dict, responses: dict[str, list[dict]] | None = None) -
             if not (is_number(low) and is_number(high) and is_number(rate)):
                 continue
             p, p_holm = entry.get("sign_test_p"), entry.get("sign_test_p_holm")
-            side = "beats SFT" if low > 0.5 else "loses to SFT" if high < 0.5 else None
+            side = "**beats**" if low > 0.5 else "**loses to**" if high < 0.5 else None
             if side is None:
-                verdict = "is not distinguishable from SFT"
+                verdict = "not distinguishable (the interval includes 0.5)"
             elif is_number(p_holm) and p_holm >= 0.05:
-                verdict = "is not distinguishable from SFT after Holm's adjustment"
+                verdict = "not distinguishable after Holm's adjustment"
             else:
                 verdict = side
-            test = ""
+            test = "n/a"
             if is_number(p):
-                test = f"; sign test p = {fmt_p(p)}" + (f", Holm-adjusted {fmt_p(p_holm)}" if is_number(p_holm) else "")
-            lines.append(
-                f"{model_label(pair[0])} {verdict} under the `{judge}` judge: win rate {fmt(rate)}, "
-                f"95% CI {fmt_ci(low, high)} {'includes' if low <= 0.5 <= high else 'excludes'} 0.5{test}."
-            )
-    return lines
+                test = fmt_p(p) + (f" ({fmt_p(p_holm)})" if is_number(p_holm) else "")
+            rows.append([model_label(pair[0]), f"`{judge}`", fmt(rate), fmt_ci(low, high), test, verdict])
+    return rows
 
 
 def section_data(data: RunData) -> str:
