@@ -229,15 +229,18 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
     if not matrices:
         return False
     size = max(len(labels) for labels, _ in matrices.values())
+    # One judge per row: side by side, three judges of nine models made a figure 35 inches wide, which a page
+    # shrinks until its numbers cannot be read.
     fig, axes = plt.subplots(
-        1,
         len(matrices),
-        figsize=(1.0 * size * len(matrices) + 2.5 * len(matrices), 0.8 * size + 2.2),
+        1,
+        figsize=(1.0 * size + 3.0, (0.8 * size + 1.6) * len(matrices) + 0.6),
         squeeze=False,
         layout="constrained",
     )
+    axes = [row[0] for row in axes]
     image = None
-    for ax, (judge, (labels, cells)) in zip(axes[0], matrices.items()):
+    for ax, (judge, (labels, cells)) in zip(axes, matrices.items()):
         values = [[float("nan") if c is None else c[0] for c in row] for row in cells]
         image = ax.imshow(values, cmap="RdBu", vmin=0.0, vmax=1.0)
         for i, row in enumerate(cells):
@@ -245,7 +248,7 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
                 if i == j:
                     continue
                 if cell is None:
-                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=7, color="0.5")
+                    ax.text(j, i, "n/a", ha="center", va="center", fontsize=9, color="0.5")
                 else:
                     ax.text(
                         j,
@@ -253,18 +256,18 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
                         f"{cell[0]:.2f}",
                         ha="center",
                         va="center",
-                        fontsize=8,
+                        fontsize=11,
                         style="normal" if cell[1] else "italic",
                         color="white" if abs(cell[0] - 0.5) > 0.3 else "black",
                     )
         ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
+        ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=10)
         ax.set_yticks(range(len(labels)))
-        ax.set_yticklabels(labels, fontsize=8)
+        ax.set_yticklabels(labels, fontsize=10)
         ax.set_xlabel("B")
         ax.set_ylabel("A")
         ax.set_title(f"judge: {judge}", fontsize=10)
-    fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="win rate of A vs B")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="win rate of A vs B")
     fig.suptitle("Win rates (ties count half; italics: 1 − the measured mirror pairing)", fontsize=10)
     tmp = path.with_name(
         path.stem + ".tmp.png"
