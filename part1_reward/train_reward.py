@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None, stage: str = "reward") -> None:
         if by_family:
             results["gold_accuracy_by_family"] = by_family
         results["peak_memory_mb"], results["peak_memory_source"] = peak_memory_mb(accelerator.device)
-        run.update_summary({SUMMARY_KEYS[stage]: results, "timing_s": {stage: round(time.perf_counter() - t_start, 2)}})
+        run.update_summary({SUMMARY_KEYS[stage]: results, "timing_s": {stage: logger.elapsed(t_start)}})
         run.mark_complete(stage, cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             "SFT",
         )
         results["peak_memory_mb"], results["peak_memory_source"] = peak_memory_mb(accelerator.device)
-        run.update_summary({"sft": results, "timing_s": {"sft": round(time.perf_counter() - t_start, 2)}})
+        run.update_summary({"sft": results, "timing_s": {"sft": logger.elapsed(t_start)}})
         run.mark_complete("sft", cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()

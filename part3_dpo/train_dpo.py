@@ -399,7 +399,7 @@ def main(argv: list[str] | None = None) -> None:
         plot_training_curves(
             logger.history, CURVE_KEYS, run.stage("dpo") / "curves.png", f"DPO ({dcfg.loss_type}, beta={dcfg.beta})"
         )
-        run.update_summary({"dpo": results, "timing_s": {"dpo": round(time.perf_counter() - t_start, 2)}})
+        run.update_summary({"dpo": results, "timing_s": {"dpo": logger.elapsed(t_start)}})
         run.mark_complete("dpo", cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()

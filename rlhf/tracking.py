@@ -39,6 +39,7 @@ class MetricLogger:
         self._writer = None
         self._bar: tqdm | None = None
         self._start = time.perf_counter()
+        self.resumed_s = 0.0  # after a resume: the earlier attempt's seconds up to its checkpoint (`resume`)
         if not enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
@@ -63,7 +64,8 @@ class MetricLogger:
 
         Rows logged after `step` by an earlier attempt (all rows, on a fresh start: a re-run with
         --force or a new config) are dropped from metrics.jsonl and TensorBoard; the rows kept
-        become `history`, so a resumed run's curves still show its first part.
+        become `history`, so a resumed run's curves still show its first part. The last kept row's `time_s`
+        is the earlier attempts' time up to the checkpoint: `time_s` goes on from it, and `elapsed` adds it.
         """
         if not self.enabled:
             return
@@ -73,7 +75,15 @@ class MetricLogger:
         write_text_atomic(self._jsonl_path, "".join(json.dumps(row) + "\n" for row in kept))
         self._jsonl = open(self._jsonl_path, "a", encoding="utf-8")  # noqa: SIM115 -- logger handle, kept open
         self.history = kept
+        self._start += self.resumed_s  # back to this attempt's own start, if resume is called twice
+        self.resumed_s = float(kept[-1].get("time_s", 0.0)) if kept else 0.0
+        self._start -= self.resumed_s
         self._open_writer(purge_step=step + 1 if step > 0 else 0)
+
+    def elapsed(self, since: float) -> float:
+        """Seconds of the stage's work since `since` (a perf_counter reading in this process), with what earlier
+        attempts spent up to the checkpoint this one resumed from: the stage's time, not only its last part's."""
+        return round(time.perf_counter() - since + self.resumed_s, 2)
 
     def progress(self, total: int, initial: int = 0, desc: str | None = None) -> None:
         if self.enabled:

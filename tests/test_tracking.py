@@ -72,3 +72,25 @@ def test_tensorboard_runs_are_stages_and_tags_are_shared_while_jsonl_keeps_full_
         "policy/clipfrac": [(1, 0.125)],
     }
     assert tensorboard_scalars(tmp_path / "tensorboard" / "grpo")["objective/kl"] == [(1, 0.5)]
+
+
+def test_a_resumed_stage_counts_the_time_before_its_checkpoint(tmp_path):
+    """The timing table counted only the part of a resumed stage after the resume."""
+    import time
+
+    path = tmp_path / "sft" / "metrics.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "".join(json.dumps({"step": s, "time_s": 10.0 * s, "sft/train/loss": 1.0}) + "\n" for s in (1, 2, 3))
+    )
+    since = time.perf_counter()
+    logger = MetricLogger("sft", tmp_path / "sft", tmp_path / "tb", Config())
+    logger.resume(2)  # the earlier attempt reached its step-2 checkpoint at 20 s
+    assert logger.resumed_s == 20.0 and 20.0 <= logger.elapsed(since) < 25.0
+    logger.log(3, {"sft/train/loss": 0.5})
+    logger.close()
+    assert 20.0 <= json.loads(path.read_text().splitlines()[-1])["time_s"] < 25.0  # the curve's clock goes on
+    fresh = MetricLogger("sft", tmp_path / "sft", tmp_path / "tb", Config())
+    fresh.resume(0)
+    assert fresh.resumed_s == 0.0 and fresh.elapsed(time.perf_counter()) < 1.0
+    fresh.close()

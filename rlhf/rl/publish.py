@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from rlhf.checkpoint import save_pretrained_atomic
@@ -31,15 +29,16 @@ def publish_rl(
 ) -> None:
     """The end of an RL stage. The main process writes `<stage>/model/` (the unwrapped policy in
     Hugging Face format), eval_samples.jsonl, curves.png (the `curves` keys), results.json and the
-    stage's entries in summary.json (timing since `t_start`), then marks the stage complete with
-    `complete_info` (how far its loop ran, e.g. {"iterations": 16}), which removes its checkpoint.
+    stage's entries in summary.json (timing since `t_start`, and before a resume, `MetricLogger.elapsed`), then
+    marks the stage complete with `complete_info` (how far its loop ran, e.g. {"iterations": 16}), which removes
+    its checkpoint.
     Every process then closes the logger, waits, and prints `final_line`."""
     if accelerator.is_main_process:
         save_pretrained_atomic(policy, tokenizer, run.model_dir(stage))
         write_jsonl(run.stage(stage) / "eval_samples.jsonl", eval_samples)
         plot_training_curves(logger.history, curves, run.stage(stage) / "curves.png", stage.upper())
         write_json_atomic(run.stage(stage) / "results.json", results)
-        run.update_summary({stage: results, "timing_s": {stage: round(time.perf_counter() - t_start, 2)}})
+        run.update_summary({stage: results, "timing_s": {stage: logger.elapsed(t_start)}})
         run.mark_complete(stage, cfg, complete_info)
     logger.close()
     accelerator.wait_for_everyone()
