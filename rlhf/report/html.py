@@ -257,15 +257,14 @@ SCRIPT = """
 
 
 def render_html(sections: list[tuple[str, str]], data: RunData, images: dict[str, str]) -> str:
-    """The whole page: every section of `render_sections` (the sample browser after Samples), a contents bar of
-    the top-level sections, inline style and script. `images`: figure path as report.md links it -> data URI."""
+    """The whole page: every section of `render_sections`, then the sample browser (last: its hundreds of prompts
+    would push the suites and timing a page-length down), a contents bar of the top-level sections, inline style
+    and script. `images`: figure path as report.md links it -> data URI."""
     anchors: dict[str, int] = {}
     samples = side_by_side(data.responses, data.prompt_families)
-    parts = []
-    for name, text in sections:
-        parts.append(markdown_to_html(text, images, anchors))
-        if name == "samples" and samples:
-            parts.append(sample_browser(samples, score_key(samples)))
+    parts = [markdown_to_html(text, images, anchors) for _, text in sections]
+    if samples:
+        parts.append(sample_browser(samples, score_key(samples)))
     body = "\n".join(parts)
     contents = re.findall(r'<h2 id="([^"]+)">(.*?)</h2>', body)
     nav = "<nav>" + "".join(f'<a href="#{anchor}">{title}</a>' for anchor, title in contents) + "</nav>"
