@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import shlex
 import types
 import typing
 from collections.abc import Iterable
@@ -658,8 +659,13 @@ def set_key(cfg: Config, dotted: str, raw: Any) -> None:
     """Set one dotted key (e.g. `sft.lr`), coercing `raw` to the field's declared type."""
     *parents, leaf = dotted.split(".")
     node: Any = cfg
-    for name in parents:
+    for depth, name in enumerate(parents):
         node = getattr(node, name, None) if dataclasses.is_dataclass(node) else None
+        if (
+            isinstance(node, dict) and depth == len(parents) - 1
+        ):  # one entry of a mapping: model.config_overrides.n_layer=2
+            node[leaf] = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            return
         if not dataclasses.is_dataclass(node):
             raise UserError(_unknown_key_message(cfg, dotted))
     _assign(cfg, node, leaf, raw, dotted)
@@ -689,7 +695,8 @@ def _assign(cfg: Config, node: Any, key: str, value: Any, dotted: str) -> None:
             setattr(node, key, coerce(value, hint, dotted))
         except UserError as exc:
             current = getattr(node, key)
-            fix = "give a value of that type, or null" if current is None else f"e.g. {dotted}={_spelled(current)}"
+            example = shlex.quote(f"{dotted}={_spelled(current)}")  # as pasted into a shell: a mapping has spaces
+            fix = "give a value of that type, or null" if current is None else f"e.g. {example}"
             raise UserError(f"{exc}; {fix}") from None
 
 

@@ -69,3 +69,24 @@ def test_unknown_key_in_a_yaml_file(tmp_path):
     with pytest.raises(UserError) as info:
         load_config(path)
     assert str(path) in str(info.value) and "did you mean 'sft.epochs'" in str(info.value)
+
+
+def test_one_entry_of_a_mapping_is_set_by_its_dotted_name_and_the_rest_kept():
+    """`model.config_overrides={n_layer: 2}` replaces the whole mapping (the tiny model lost its width and heads);
+    `model.config_overrides.n_layer=2` sets one entry."""
+    preset = load_config(preset_path("tiny")).model.config_overrides
+    one = load_config(preset_path("tiny"), ["model.config_overrides.n_layer=2"]).model.config_overrides
+    assert one == {**preset, "n_layer": 2} and preset["n_layer"] != 2
+    assert load_config(preset_path("tiny"), ["model.config_overrides={n_layer: 2}"]).model.config_overrides == {
+        "n_layer": 2
+    }
+
+
+def test_the_example_in_a_type_error_pastes_into_a_shell():
+    import shlex
+
+    with pytest.raises(UserError) as info:
+        load_config(preset_path("tiny"), ["model.config_overrides=12"])
+    example = str(info.value).split("; e.g. ", 1)[1]
+    [override] = shlex.split(example)  # one shell word, braces and spaces quoted
+    assert load_config(preset_path("tiny"), [override]).model.config_overrides["n_layer"] == 4

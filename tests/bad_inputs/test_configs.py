@@ -57,7 +57,7 @@ def test_unknown_key_or_wrong_type_on_the_command_line(capsys, run_dir, override
     [
         ("sft:\n  epocs: 2\n", "unknown config key 'sft.epocs'", "did you mean 'sft.epochs'?"),
         ("sft:\n  batch_size: [32]\n", "config key 'sft.batch_size' expects int", "e.g. sft.batch_size=64"),
-        ("model:\n  config_overrides: 12\n", "expects dict", "e.g. model.config_overrides={}"),
+        ("model:\n  config_overrides: 12\n", "expects dict", "e.g. 'model.config_overrides={}'"),
     ],
 )
 def test_unknown_key_or_wrong_type_in_a_config_file(capsys, run_dir, tmp_path, yaml_text, problem, fix):
