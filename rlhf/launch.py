@@ -64,25 +64,34 @@ def launched_processes(launch: str) -> int:
 
 def check_batch_splits(cfg: Config, stages: list[str], world_size: int) -> None:
     """Each chosen stage's batch arithmetic on `world_size` processes, from the config alone (the checks each
-    stage repeats at start-up, less those that need its data): one line naming the keys, before any stage runs."""
+    stage repeats at start-up, less those that need its data): one line naming the keys of every stage whose
+    batches do not fit, all at once, before any stage runs."""
     from rlhf.online_dpo import plan_online_dpo
     from rlhf.raft import plan_raft
     from rlhf.rl.plan import check_group_packing, plan_rl
     from rlhf.training import split_batch
 
+    checks = {
+        "sft": lambda: split_batch("sft", cfg.sft, world_size),
+        "reward": lambda: split_batch("reward", cfg.reward, world_size),
+        "judge_rm": lambda: split_batch("reward", cfg.reward, world_size),  # trained as the reward model is
+        "dpo": lambda: split_batch("dpo", cfg.dpo, world_size),
+        "ppo": lambda: plan_rl("ppo", cfg.ppo, world_size, None),
+        "grpo": lambda: check_group_packing(plan_rl("grpo", cfg.grpo, world_size, None, cfg.grpo.group_size), cfg.grpo),
+        "raft": lambda: plan_raft(cfg.raft, world_size, None),
+        "online_dpo": lambda: plan_online_dpo(cfg.online_dpo, world_size, None),
+    }
+    problems = []
     for stage in stages:
-        if stage in ("sft", "reward", "dpo"):
-            split_batch(stage, getattr(cfg, stage), world_size)
-        elif stage == "judge_rm":  # trained as the reward model is
-            split_batch("reward", cfg.reward, world_size)
-        elif stage == "ppo":
-            plan_rl(stage, cfg.ppo, world_size, None)
-        elif stage == "grpo":
-            check_group_packing(plan_rl(stage, cfg.grpo, world_size, None, cfg.grpo.group_size), cfg.grpo)
-        elif stage == "raft":
-            plan_raft(cfg.raft, world_size, None)
-        elif stage == "online_dpo":
-            plan_online_dpo(cfg.online_dpo, world_size, None)
+        try:
+            checks.get(stage, lambda: None)()
+        except UserError as exc:
+            if str(exc) not in problems:  # judge_rm repeats the reward stage's
+                problems.append(str(exc))
+    if len(problems) == 1:
+        raise UserError(problems[0])
+    if problems:
+        raise UserError(f"{len(problems)} batch settings do not fit: " + " | ".join(problems))
 
 
 def stderr_pipe() -> tuple[int, int]:

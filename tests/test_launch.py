@@ -139,3 +139,18 @@ def test_a_stop_signal_reaches_a_launched_stage_once_and_stops_the_pipeline(tmp_
     """The launched stage gets the signal once, so it saves its checkpoint and exits, where it used to be killed;
     torch's elastic agent passes a SIGTERM it gets on to its processes (docs/reliability.md)."""
     stop_a_driver(tmp_path, LAUNCHED_SIGNAL_DRIVER, how, {})
+
+
+def test_every_stage_whose_batches_do_not_fit_is_named_at_once():
+    """Before, the first stage's problem stopped the run; fixing it showed the next one, one start at a time."""
+    from rlhf.config import load_config, preset_path
+    from rlhf.launch import check_batch_splits
+    from rlhf.run import STAGES
+
+    cfg = load_config(preset_path("tiny"), ["sft.batch_size=33", "ppo.batch_size=60", "raft.prompts_per_round=5"])
+    with pytest.raises(UserError) as error:
+        check_batch_splits(cfg, list(STAGES), 2)
+    message = str(error.value)
+    assert message.startswith("3 batch settings do not fit: sft.batch_size=33 is not divisible") and "\n" not in message
+    assert message.count(" | ") == 2 and "ppo.batch_size" in message and "raft.prompts_per_round=5" in message
+    check_batch_splits(cfg, ["grpo", "dpo"], 2)  # the stages not chosen are not checked
