@@ -152,5 +152,5 @@ def test_every_stage_whose_batches_do_not_fit_is_named_at_once():
         check_batch_splits(cfg, list(STAGES), 2)
     message = str(error.value)
     assert message.startswith("3 batch settings do not fit: sft.batch_size=33 is not divisible") and "\n" not in message
-    assert message.count(" | ") == 2 and "ppo.batch_size" in message and "raft.prompts_per_round=5" in message
+    assert message.count(" | ") == 2 and "ppo.micro_batch_size=16" in message and "raft.prompts_per_round=5" in message
     check_batch_splits(cfg, ["grpo", "dpo"], 2)  # the stages not chosen are not checked
