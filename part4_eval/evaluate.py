@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
@@ -142,6 +143,23 @@ def answer(
     return answers, samples["response_ids"]
 
 
+def progress(items, desc: str, total: int, accelerator):
+    """A progress bar with the time left over the eval's long loops (main process; redrawn rarely in a log)."""
+    return tqdm(
+        items,
+        desc=desc,
+        total=total,
+        disable=not accelerator.is_main_process,
+        mininterval=0.1 if sys.stderr.isatty() else 30.0,
+    )
+
+
+def say_line(accelerator, line: str) -> None:
+    """A line printed above the progress bar rather than through it (main process)."""
+    if accelerator.is_main_process:
+        tqdm.write(line)
+
+
 def judge_failure(reason: str, infos: list[dict]) -> dict:
     """judges_info's entry for a judge that stopped: its request counts so far and a status naming the cause."""
     counts = combine_batch_info(infos)
@@ -234,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
                 models["base"] = build_policy(cfg.model, tokenizer, run.pretrained_source(cfg)).to(device).eval()
             except UserError as exc:
                 accelerator.print(f"[eval] base model left out: {exc}")
-        for name, model in models.items():
+        for name, model in progress(models.items(), "eval: answers", len(models), accelerator):
             started_at = time.perf_counter()
             answers[name], token_ids = answer(
                 engine, model, ref_model, reward_model, tokenizer, prompts, cfg, accelerator, with_kl=name != "sft"
@@ -242,10 +260,11 @@ def main(argv: list[str] | None = None) -> None:
             if name == "sft":
                 answers[name].kls = [0.0] * len(prompts)  # pi = pi_ref: the estimate is exactly zero
             metrics[name] = answers[name].metrics(token_ids, is_embedded)
-            accelerator.print(
+            say_line(
+                accelerator,
                 f"[eval] {name}: reward {metrics[name]['reward_mean']:+.3f}  KL {metrics[name]['kl_to_ref']:.2f}"
                 + (f"  gold {metrics[name]['gold_score_mean']:.3f}" if is_embedded else "")
-                + f"  ({time.perf_counter() - started_at:.0f}s)"
+                + f"  ({time.perf_counter() - started_at:.0f}s)",
             )
 
         # 4. Best-of-N from SFT ranked by the reward model: a reference point at a known KL.
@@ -307,37 +326,38 @@ def main(argv: list[str] | None = None) -> None:
                 name: [render_prompt(tokenizer, p) for p in suite_list] for name, suite_list in suite_prompts.items()
             }
         with accelerator.autocast():
-            for suite, suite_list in suite_prompts.items():
-                suite_rows[suite] = []
-                suites[suite] = {}
-                for name, model in models.items():
-                    result, _ = answer(
-                        engine, model, ref_model, reward_model, tokenizer, suite_list, cfg, accelerator, with_kl=False
-                    )
-                    rows = result.rows(is_embedded)
-                    suite_rows[suite] += [
-                        {
-                            "suite": suite,
-                            "model": name,
-                            **{
-                                k: row[k]
-                                for k in ("prompt", "response", "reward", *(("gold_score",) if is_embedded else ()))
-                            },
-                        }
-                        for row in rows
-                    ]
-                    entry = {"n": len(rows), "reward_mean": mean_std(result.rewards)[0]}
-                    if suite in REFUSAL_SUITES:
-                        refused = [is_refusal(text) for text in result.texts]
-                        entry["refusal_rate"] = sum(refused) / len(refused)
-                        for row, flag in zip(suite_rows[suite][-len(rows) :], refused):
-                            row["refused"] = flag
-                    if is_embedded:
-                        entry["gold_score_mean"] = mean_std([row["gold_score"] for row in rows])[0]
-                        entry["gold_good_rate"] = sum(
-                            task.is_good(p, t) for p, t in zip(result.prompts, result.texts)
-                        ) / len(rows)
-                    suites[suite][name] = entry
+            runs = [(suite, name) for suite in suite_prompts for name in models]
+            for suite, name in progress(runs, "eval: suites", len(runs), accelerator):
+                model, suite_list = models[name], suite_prompts[suite]
+                suite_rows.setdefault(suite, [])
+                suites.setdefault(suite, {})
+                result, _ = answer(
+                    engine, model, ref_model, reward_model, tokenizer, suite_list, cfg, accelerator, with_kl=False
+                )
+                rows = result.rows(is_embedded)
+                suite_rows[suite] += [
+                    {
+                        "suite": suite,
+                        "model": name,
+                        **{
+                            k: row[k]
+                            for k in ("prompt", "response", "reward", *(("gold_score",) if is_embedded else ()))
+                        },
+                    }
+                    for row in rows
+                ]
+                entry = {"n": len(rows), "reward_mean": mean_std(result.rewards)[0]}
+                if suite in REFUSAL_SUITES:
+                    refused = [is_refusal(text) for text in result.texts]
+                    entry["refusal_rate"] = sum(refused) / len(refused)
+                    for row, flag in zip(suite_rows[suite][-len(rows) :], refused):
+                        row["refused"] = flag
+                if is_embedded:
+                    entry["gold_score_mean"] = mean_std([row["gold_score"] for row in rows])[0]
+                    entry["gold_good_rate"] = sum(
+                        task.is_good(p, t) for p, t in zip(result.prompts, result.texts)
+                    ) / len(rows)
+                suites[suite][name] = entry
         # The change in each refusal rate against SFT's on the same prompts, Holm-adjusted over the models.
         for suite in (name for name in REFUSAL_SUITES if name in suites):
             refused = {
@@ -365,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         independent_scorer = text_scorer(
             judge_model, tokenizer, device, cfg.eval.batch_size, autocast=accelerator.autocast
         )
-        for name, result in answers.items():
+        for name, result in progress(answers.items(), "eval: independent judge", len(answers), accelerator):
             independent = independent_scorer(result.prompts, result.texts)
             metrics[name]["independent_reward_mean"] = mean_std(independent)[0]
     judges, skipped = build_judges(cfg, run, is_embedded, scorer, independent_scorer)
