@@ -31,12 +31,12 @@ from rlhf.lora import with_lora
 from rlhf.losses import sft_loss
 from rlhf.models import build_policy, load_tokenizer, token_logprobs
 from rlhf.run import RunDir
-from rlhf.training import epoch_order
+from rlhf.training import cpu_computes_bf16, epoch_order
 
 
 def cpu_has_native_bf16() -> bool:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.exists() and bool(cpu_computes_bf16(cpuinfo.read_text()))
 
 
 def measure(model, batches: list[dict], bf16: bool) -> float:
