@@ -41,7 +41,10 @@ GOOD = [hh_row(i) for i in range(60)]
         (
             "wrong_fields.jsonl",
             [{"prompt": "Hi", "response": "Hello"}, {"question": "Hi", "answer": "Hello"}],
-            ["2 of 2 train rows are invalid", "string 'chosen' and 'rejected' fields"],
+            [
+                "2 of 2 train rows are invalid",
+                "string 'chosen' and 'rejected' dialogues, or TRL's 'prompt', 'chosen' and 'rejected'",
+            ],
             "fix the file",
         ),
         (

@@ -263,6 +263,6 @@ def test_an_llm_judge_that_never_answers_stops_once_and_is_reported_failed_not_a
     lines = [line for line in result.stdout.splitlines() if line.startswith("[eval] judge openai")]
     assert len(lines) == 1 and lines[0].endswith("left out of the win rates"), result.stdout[-2000:]
     assert server.requests == []
-    run_script("part4_eval/make_report.py", eval_run)
+    run_script("part4_eval/make_report.py", eval_run, "--config", str(eval_run / "eval" / "config.yaml"), preset=None)
     report = (eval_run / "report.md").read_text()
     assert "gave no verdicts: `openai` (failed (" in report and "#### Judge: `openai`" not in report
