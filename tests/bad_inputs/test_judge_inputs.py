@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import subprocess
+import sys
 
 import pytest
 from fake_openai import HUGE_CHARS, KEY, FakeOpenAI, hh, settings
@@ -248,7 +250,7 @@ def test_an_llm_judge_that_never_answers_stops_once_and_is_reported_failed_not_a
     says so in one line, and the judge is in no win rate or agreement; its entry is a failed status with the
     counts, which the report shows. Before, each pairing retried in full and the report presented the judge's
     ties between identical answers as its verdicts ("win rate 0.500", "agreement 1.000")."""
-    from conftest import run_script
+    from conftest import REPO
 
     url = f"http://127.0.0.1:{closed_port()}/v1"
     result = run_eval(
@@ -263,6 +265,7 @@ def test_an_llm_judge_that_never_answers_stops_once_and_is_reported_failed_not_a
     lines = [line for line in result.stdout.splitlines() if line.startswith("[eval] judge openai")]
     assert len(lines) == 1 and lines[0].endswith("left out of the win rates"), result.stdout[-2000:]
     assert server.requests == []
-    run_script("part4_eval/make_report.py", eval_run, "--config", str(eval_run / "eval" / "config.yaml"), preset=None)
+    report_command = [sys.executable, str(REPO / "part4_eval" / "make_report.py"), "--output-dir", str(eval_run)]
+    subprocess.run([*report_command, "--config", str(eval_run / "eval" / "config.yaml")], cwd=REPO, check=True)
     report = (eval_run / "report.md").read_text()
     assert "gave no verdicts: `openai` (failed (" in report and "#### Judge: `openai`" not in report
