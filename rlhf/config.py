@@ -664,7 +664,10 @@ def set_key(cfg: Config, dotted: str, raw: Any) -> None:
         if (
             isinstance(node, dict) and depth == len(parents) - 1
         ):  # one entry of a mapping: model.config_overrides.n_layer=2
-            node[leaf] = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            try:
+                node[leaf] = yaml.safe_load(raw) if isinstance(raw, str) else raw
+            except yaml.YAMLError:
+                raise UserError(f"{dotted}={raw} is not a YAML value; quote it, e.g. '{dotted}=\"{raw}\"'") from None
             return
         if not dataclasses.is_dataclass(node):
             raise UserError(_unknown_key_message(cfg, dotted))
