@@ -60,9 +60,10 @@ class Source(NamedTuple):
 def embedded_raw_splits(cfg) -> dict[str, list[dict]]:
     """The embedded task's HH-format rows, generated deterministically from its seed."""
     spec = cfg.data.embedded
+    seeds = {"train": spec.seed, "test": spec.seed if spec.test_seed is None else spec.test_seed}
     return {
         split: task.generate_split(
-            split, n, seed=spec.seed, annotator_noise=spec.annotator_noise, length_bias=spec.length_bias
+            split, n, seed=seeds[split], annotator_noise=spec.annotator_noise, length_bias=spec.length_bias
         )
         for split, n in (("train", spec.n_train_pairs), ("test", spec.n_test_pairs))
     }

@@ -61,7 +61,7 @@ from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.sampling import engine_mismatch_metrics, importance_weights, sample_train_batch
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import flat_reward_warning, gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, rollout_logprobs, score_rollout
+from rlhf.rollout import SamplingConfig, eval_sampling, rollout_logprobs, score_rollout
 from rlhf.run import stage_seed
 from rlhf.sharding import prepare_trained_model
 from rlhf.signals import checkpoint_due
@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     prompts = load_rl_prompts("grpo", run, cfg, tokenizer, gcfg.eval_prompts)
     plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(prompts.train_ids), gcfg.group_size)
     check_group_packing(plan, gcfg)
-    check_context("grpo", prompts.longest, gcfg.max_new_tokens, context_size(run.model_dir("sft")))
+    context = context_size(run.model_dir("sft"))
+    check_context("grpo", prompts.longest, gcfg.max_new_tokens, context)
+    validation = eval_sampling(cfg)  # held-out checks decode as the test does (rlhf.rollout.eval_sampling)
+    check_context("eval", prompts.longest, validation.max_new_tokens, context)
     sampling = SamplingConfig(gcfg.max_new_tokens, gcfg.temperature, gcfg.top_p, gcfg.top_k)
     clip_high = gcfg.clip if gcfg.clip_high is None else gcfg.clip_high
     device, rank, G = accelerator.device, accelerator.process_index, gcfg.group_size
@@ -165,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             reward_model,
             tokenizer,
             prompts,
-            sampling,
+            validation,
             seed,
             gcfg.forward_batch_size,
             accelerator,
@@ -376,7 +379,7 @@ def main(argv: list[str] | None = None) -> None:
         reward_model,
         tokenizer,
         prompts,
-        sampling,
+        validation,
         seed,
         gcfg.forward_batch_size,
         accelerator,

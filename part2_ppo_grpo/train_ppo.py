@@ -74,6 +74,7 @@ from rlhf.rl.shaping import apply_missing_eos_penalty, make_kl_controller, shape
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
 from rlhf.rollout import (
     SamplingConfig,
+    eval_sampling,
     forward_in_chunks,
     rollout_logprobs,
     score_rollout,
@@ -135,7 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("ppo", run, cfg, tokenizer, pcfg.eval_prompts)
     plan = plan_rl("ppo", pcfg, accelerator.num_processes, len(prompts.train_ids))
-    check_context("ppo", prompts.longest, pcfg.max_new_tokens, context_size(run.model_dir("sft")))
+    context = context_size(run.model_dir("sft"))
+    check_context("ppo", prompts.longest, pcfg.max_new_tokens, context)
+    validation = eval_sampling(cfg)  # held-out checks decode as the test does (rlhf.rollout.eval_sampling)
+    check_context("eval", prompts.longest, validation.max_new_tokens, context)
     sampling = SamplingConfig(pcfg.max_new_tokens, pcfg.temperature, pcfg.top_p, pcfg.top_k)
     clip_high = pcfg.clip if pcfg.clip_high is None else pcfg.clip_high
     device, rank = accelerator.device, accelerator.process_index
@@ -183,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
             reward_model,
             tokenizer,
             prompts,
-            sampling,
+            validation,
             seed,
             pcfg.forward_batch_size,
             accelerator,
@@ -388,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         reward_model,
         tokenizer,
         prompts,
-        sampling,
+        validation,
         seed,
         pcfg.forward_batch_size,
         accelerator,

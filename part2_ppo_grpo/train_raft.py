@@ -49,7 +49,7 @@ from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.sampling import sample_train_batch
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, score_rollout
+from rlhf.rollout import SamplingConfig, eval_sampling, score_rollout
 from rlhf.run import stage_seed
 from rlhf.sharding import prepare_trained_model
 from rlhf.signals import checkpoint_due
@@ -91,7 +91,10 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("raft", run, cfg, tokenizer, rcfg.eval_prompts)
     plan = plan_raft(rcfg, accelerator.num_processes, len(prompts.train_ids))
-    check_context("raft", prompts.longest, rcfg.max_new_tokens, context_size(run.model_dir("sft")))
+    context = context_size(run.model_dir("sft"))
+    check_context("raft", prompts.longest, rcfg.max_new_tokens, context)
+    validation = eval_sampling(cfg)  # held-out checks decode as the test does (rlhf.rollout.eval_sampling)
+    check_context("eval", prompts.longest, validation.max_new_tokens, context)
     sampling = SamplingConfig(rcfg.max_new_tokens, rcfg.temperature)
     device, rank, N = accelerator.device, accelerator.process_index, rcfg.samples_per_prompt
     finetune = plan.finetune  # one round's fine-tuning
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
             reward_model,
             tokenizer,
             prompts,
-            sampling,
+            validation,
             seed,
             rcfg.eval_batch_size,
             accelerator,
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         reward_model,
         tokenizer,
         prompts,
-        sampling,
+        validation,
         seed,
         rcfg.eval_batch_size,
         accelerator,

@@ -63,7 +63,7 @@ from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, length_heuristic_dpo_los
 from rlhf.models import load_tokenizer
 from rlhf.plots import plot_training_curves
 from rlhf.rl.stats import head_to_head, peak_memory_mb
-from rlhf.rollout import SamplingConfig, sample_responses, sampling_seeds
+from rlhf.rollout import eval_sampling, sample_responses, sampling_seeds
 from rlhf.run import stage_seed
 from rlhf.tracking import MetricLogger
 from rlhf.training import fit, forward_map, make_accelerator
@@ -109,8 +109,8 @@ def validate(cfg: Config) -> None:
         raise UserError(
             f"dpo.max_train_pairs={d.max_train_pairs} is fewer than one batch (dpo.batch_size={d.batch_size})"
         )
-    if d.eval_prompts < 0 or d.temperature < 0:
-        raise UserError("dpo.eval_prompts and dpo.temperature must be >= 0")
+    if d.eval_prompts < 0:
+        raise UserError(f"dpo.eval_prompts={d.eval_prompts} must be >= 0 (0: no held-out samples)")
 
 
 def weights_sha256(model_dir: Path) -> str:
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     # 3. Held-out prompts, sampled from the SFT policy now and from the DPO policy later with the same
     #    seed and settings, so the gold judge compares two policies rather than two rolls of the dice.
     eval_prompts = list(dict.fromkeys(row["prompt"] for row in rows.get("val", [])))[: dcfg.eval_prompts]
-    sampling = SamplingConfig(cfg.data.max_response_tokens, temperature=dcfg.temperature)
+    sampling = eval_sampling(cfg)  # held-out checks decode as the test does
     gold_judge = cfg.data.path == "embedded" and bool(eval_prompts)
 
     def sample_held_out(model) -> list[tuple[str, bool]]:

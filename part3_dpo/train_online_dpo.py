@@ -64,7 +64,7 @@ from rlhf.rl.roles import check_frozen, frozen, frozen_digests
 from rlhf.rl.sampling import sample_train_batch
 from rlhf.rl.shaping import apply_missing_eos_penalty
 from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, score_rollout
+from rlhf.rollout import SamplingConfig, eval_sampling, score_rollout
 from rlhf.run import stage_seed
 from rlhf.sharding import prepare_trained_model
 from rlhf.signals import checkpoint_due
@@ -124,7 +124,10 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(run.model_dir("sft"))
     prompts = load_rl_prompts("online_dpo", run, cfg, tokenizer, ocfg.eval_prompts)
     plan = plan_online_dpo(ocfg, accelerator.num_processes, len(prompts.train_ids))
-    check_context("online_dpo", prompts.longest, ocfg.max_new_tokens, context_size(run.model_dir("sft")))
+    context = context_size(run.model_dir("sft"))
+    check_context("online_dpo", prompts.longest, ocfg.max_new_tokens, context)
+    validation = eval_sampling(cfg)  # held-out checks decode as the test does (rlhf.rollout.eval_sampling)
+    check_context("eval", prompts.longest, validation.max_new_tokens, context)
     annotator = build_pairwise_annotator(cfg, run) if ocfg.judge != "reward" else None
     sampling = SamplingConfig(ocfg.max_new_tokens, ocfg.temperature, ocfg.top_p, ocfg.top_k)
     device, K = accelerator.device, ocfg.samples_per_prompt
@@ -172,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             reward_model,
             tokenizer,
             prompts,
-            sampling,
+            validation,
             seed,
             ocfg.forward_batch_size,
             accelerator,
@@ -355,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         reward_model,
         tokenizer,
         prompts,
-        sampling,
+        validation,
         seed,
         ocfg.forward_batch_size,
         accelerator,

@@ -38,7 +38,7 @@ from rlhf.models import build_policy, load_policy, load_reward_model, load_token
 from rlhf.rewards import text_scorer
 from rlhf.rl.held_out import EVAL_STREAM, sample_for_eval
 from rlhf.rl.stats import peak_memory_mb
-from rlhf.rollout import SamplingConfig
+from rlhf.rollout import eval_sampling
 from rlhf.run import METHOD_STAGES, judge_needed, write_json_atomic
 from rlhf.training import make_accelerator
 from rlhf.winrates import holm_adjust, judge_agreements, length_controlled_win_rate
@@ -117,7 +117,7 @@ def answer(
     """The shared decoding: every model samples with the same settings, prompt i from its own seed, on whichever
     process it is sharded to (`sample_for_eval`), so every process count draws the same responses. `engine`
     (`rlhf.engines`) samples; `model` is the policy whose weights it samples from."""
-    sampling = SamplingConfig(cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p)
+    sampling = eval_sampling(cfg)
     samples = sample_for_eval(
         engine,
         model,

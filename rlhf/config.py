@@ -45,6 +45,9 @@ class EmbeddedTaskConfig:
     annotator_noise: float = 0.1  # P(annotator picks the gold-worse response), when not length-biased
     length_bias: float = 0.2  # P(annotator picks the longer response regardless of quality)
     seed: int = 0  # task seed (prompts, candidates, labels)
+    # seed of the test split alone (None: `seed`): a sealed test drawn with a seed no setting was chosen on, and
+    # the test that seeds.py --scope pipeline keeps while it redraws `seed`
+    test_seed: int | None = None
 
 
 @dataclass
@@ -210,9 +213,9 @@ class DPOConfig(TrainConfig):
     # training pairs: "dataset" (data/train.jsonl), "collected" (the collect stage's pairs of SFT samples) or "both"
     pairs: str = "dataset"
     max_train_pairs: int | None = None  # train on a seeded random subset of this many train pairs (None: all)
-    # held-out (val) prompts sampled from both the SFT and the DPO policy; judged by the gold judge on the embedded task
+    # held-out (val) prompts sampled from both the SFT and the DPO policy at the test's decoding (eval.temperature,
+    # eval.max_new_tokens, same seeds for both); judged by the gold judge on the embedded task
     eval_prompts: int = 200
-    temperature: float = 0.7  # sampling temperature for those samples; same seed and settings for both policies
 
 
 @dataclass
@@ -268,7 +271,7 @@ class RLConfig:
     save_every: int = 10  # iterations between resumable checkpoints; 0: never
     samples_every: int = 10  # iterations between appends of generated samples to samples.jsonl; 0: never
     num_samples: int = 4  # rollouts (prompt, response, score) appended each time
-    eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy, same seed and settings
+    eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy at the test decoding
     # iterations between held-out evaluations of the policy (RM score, gold score, KL to SFT as <stage>/eval/*), plus
     # one before training; 0: only the final one
     eval_every: int = 0
@@ -356,7 +359,7 @@ class RAFTConfig(TrainConfig):
     # before training; 0: only the final one
     eval_every: int = 0
     save_every: int = 1  # rounds between resumable checkpoints; 0: never
-    eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy, same seed and settings
+    eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy at the test decoding
     samples_every: int = 1  # rounds between appends of kept samples to samples.jsonl; 0: never
     num_samples: int = 4  # kept samples (prompt, response, score) appended each time
     # torch intra-op threads when running on CPU; 0: torch's default (one per core). Fewer can be far faster while

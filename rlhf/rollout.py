@@ -63,6 +63,13 @@ class SamplingConfig:
     top_k: int = 0
 
 
+def eval_sampling(cfg) -> SamplingConfig:
+    """The test evaluation's decoding (`eval.max_new_tokens`, `eval.temperature`, `eval.top_p`). part4_eval samples
+    every model with it, and every stage's held-out validation does too, so that a setting chosen on validation
+    is chosen at the decoding it is tested at."""
+    return SamplingConfig(cfg.eval.max_new_tokens, temperature=cfg.eval.temperature, top_p=cfg.eval.top_p)
+
+
 @dataclass
 class Responses:
     """A batch of sampled responses. Lists are per row; ids exclude padding and include EOS if any."""

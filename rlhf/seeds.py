@@ -59,6 +59,7 @@ from rlhf import task
 from rlhf.data import read_jsonl
 from rlhf.errors import UserError
 from rlhf.judges import GoldJudge
+from rlhf.winrates import holm_adjust
 
 LEVEL = 0.95
 FEW_SEEDS = 4  # below this many seeds the interval under-covers when seed variance dominates (measured above)
@@ -128,6 +129,20 @@ def student_t_quantile(p: float, df) -> np.ndarray:
         low, high = np.where(below, mid, low), np.where(below, high, mid)
     w = (low + high) / 2
     return np.where(finite, np.sqrt(nu * (1.0 - w) / w), NormalDist().inv_cdf(p))
+
+
+def student_t_two_sided_p(t, df) -> np.ndarray:
+    """P(|T| ≥ |t|) for Student's t with `df` (> 0, any real; elementwise) degrees of freedom: I_w(df/2, 1/2)
+    with w = df / (df + t²) (Abramowitz & Stegun §26.7.1, as `student_t_quantile`); an infinite df gives the
+    normal's 2(1 − Φ(|t|))."""
+    t, df = np.broadcast_arrays(np.asarray(t, dtype=float), np.asarray(df, dtype=float))
+    if np.any(~(df > 0)):
+        raise ValueError("df must be positive")
+    finite = np.isfinite(df)
+    nu = np.where(finite, df, 1.0)
+    tail = regularized_beta(nu / 2, 0.5, nu / (nu + t**2))
+    normal = np.vectorize(lambda z: 2 * (1 - NormalDist().cdf(abs(z))), otypes=[float])(t)
+    return np.where(finite, tail, normal)
 
 
 # ----------------------------------------------------------------------------- the crossed-design interval
@@ -221,8 +236,22 @@ def pairwise_outcomes(scores_a, scores_b, tolerance: float) -> np.ndarray:
 
 
 def win_rate_block(outcomes: np.ndarray) -> dict:
-    """`seed_block` of a matrix of 1 / ½ / 0 outcomes, with the share of ties."""
-    return {**seed_block(outcomes, bounds=(0.0, 1.0)), "tie_rate": float(np.mean(outcomes == 0.5))}
+    """`seed_block` of a matrix of 1 / ½ / 0 outcomes, with the share of ties and `p_value`, the two-sided test
+    of a win rate of ½ by the same crossed standard error and Satterthwaite df as the interval: t = (Ȳ − ½) / SE
+    (0 when Ȳ = ½; with SE = 0 and Ȳ ≠ ½, p = 0)."""
+    block = {**seed_block(outcomes, bounds=(0.0, 1.0)), "tie_rate": float(np.mean(outcomes == 0.5))}
+    gap, se = block["mean"] - 0.5, block["se"]
+    if se > 0:
+        block["p_value"] = float(student_t_two_sided_p(gap / se, block["df"]))
+    else:
+        block["p_value"] = 1.0 if gap == 0 else 0.0
+    return block
+
+
+def add_holm(blocks: dict[str, dict]) -> None:
+    """`p_holm` in each block: its `p_value` Holm-adjusted over the blocks of one family (`holm_adjust`)."""
+    for key, adjusted in holm_adjust({key: block["p_value"] for key, block in blocks.items()}).items():
+        blocks[key]["p_holm"] = adjusted
 
 
 # ----------------------------------------------------------------------------- the seed runs' evaluations
@@ -291,6 +320,9 @@ def summarize_seed_runs(runs: Sequence[dict[str, list[dict]]], methods: Sequence
             for a, b in head_to_head_pairs(methods)
         },
     }
+    # two families of claims, each Holm-adjusted on its own: "beats SFT" (one per method) and the head-to-heads
+    add_holm(summary["win_rate_vs_sft"])
+    add_holm(summary["head_to_head"])
     if gold:
         models = ["sft", *methods]
         summary["gold_score"] = {m: seed_block(scores[m]) for m in models}
