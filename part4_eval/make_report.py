@@ -160,6 +160,7 @@ def load_run(run: RunDir, cfg, problems: list[str]) -> tuple[RunData, dict[str, 
         suite_rows=suite_rows,
         error_analysis=read_json_optional(run.stage("reward") / "error_analysis.json", problems),
         seeds=read_json_optional(run.root / "seeds" / "summary.json", problems),
+        pipeline_seeds=read_json_optional(run.root / "pipeline_seeds" / "summary.json", problems),
         prompt_families=prompt_families(
             {row.get("prompt") for rows in responses.values() for row in rows},
             get_path(summary, "data.source") == "embedded",

@@ -1,23 +1,37 @@
-"""Seed spread: re-run the alignment stages with K seeds on one run's data, SFT policy and reward model, evaluate
-each, and give every method's win rate against SFT an interval that counts both the seeds and the prompts.
+"""Seed spread: re-run the alignment stages (or the whole pipeline) with K seeds, evaluate each, and give every
+method's win rate against SFT an interval that counts both the seeds and the prompts.
 
-    python part4_eval/seeds.py --preset tiny --seeds 4 [--methods ppo,dpo] [--output-dir DIR] [section.key=value ...]
+    python part4_eval/seeds.py --preset tiny --seeds 4 [--scope methods|pipeline] [--methods ppo,dpo]
+                               [--output-dir DIR] [section.key=value ...]
+
+Two scopes, two questions:
+- `--scope methods` (the default): the methods re-run on ONE run's data, SFT policy and reward model. Its interval
+  is conditional on that draw: it says how a method does from this SFT and this reward model. In DIR/seeds/.
+- `--scope pipeline`: seed i redraws everything upstream as well: `run.seed` + i (the SFT's and reward model's
+  initialisation and data order, and the methods), on the embedded task `data.embedded.seed` + i (new training
+  and validation pairs, a new tokenizer), with the test split held fixed (`data.embedded.test_seed`, the base
+  run's), so that every seed answers the same test prompts. Its interval covers the whole pipeline: what a
+  method gains over SFT when the data, SFT and reward model are drawn again. In DIR/pipeline_seeds/. Every stage
+  of seed i runs in DIR/pipeline_seeds/seed_<s>/, a run folder of its own (about one full run's time per seed).
 
 One run cannot rank methods a few points apart: changing the sampling seeds alone moved PPO's gold win rate
 against SFT from 0.568 to 0.532 on the tiny preset. Seed i (0 ≤ i < K) trains with method seed run.seed + i
 (`run.method_seed`, read only by the alignment stages: rlhf.run.stage_seed) and is evaluated with sampling seed
 eval.seed + i, so the spread is that of training and of evaluation sampling together.
 
+For `--scope methods`:
 - Seed 0 is the run itself (DIR): its method stages and eval are reused when complete for this config, and run
   there otherwise, as `bash run_all.sh --from ppo` would (the overrides given apply to every seed, seed 0 too).
 - Seed i ≥ 1 runs in DIR/seeds/seed_<s>/, whose data, sft, reward (and collect) folders are links to DIR's and
   whose summary.json starts with DIR's sections of those stages. A seed folder resumes and skips like any run.
   Its eval answers the same prompts with SEED_EVAL_OVERRIDES: no failure suites, no LLM judge and a token
   best-of-N, none of which the spread uses (every model's answers are sampled as in a full eval).
-- Then `rlhf.seeds.aggregate_seed_runs` reads every seed's eval/responses/*.jsonl and writes DIR/seeds/summary.json:
+- Then `rlhf.seeds.aggregate_seed_runs` reads every seed's eval/responses/*.jsonl and writes <scope dir>/summary.json:
   per method the win rate against the SAME seed's SFT answers (gold judge; the reward model without one), gold
   score and good-rate, and every head-to-head, each with its mean, sd over seeds, per-seed values and a 95%
-  interval over seeds × prompts (the equations are in rlhf/seeds.py). DIR/report.md is re-rendered to show them.
+  interval over seeds × prompts (the equations are in rlhf/seeds.py), a two-sided p-value of "no difference"
+  from the same standard error, and that p Holm-adjusted over its family (the comparisons with SFT; the
+  head-to-heads). DIR/report.md is re-rendered to show them.
 
 Methods: --methods, else the alignment stages that completed in DIR, else every one the pipeline has. Stage
 output goes to DIR/seeds/logs/seed_<s>_<stage>.log, one progress line per stage per seed to the console;
@@ -48,6 +62,8 @@ from rlhf.stage_process import preload, run_stage_script
 SEED_EVAL_OVERRIDES = ["eval.suites=false", "eval.judges=gold,reward", "eval.best_of_n=1", "eval.best_of_n_prompts=1"]
 UPSTREAM_SECTIONS = ("data", "sft", "collect", "reward_model")  # summary.json sections of the linked stages
 TAIL_LINES = 15  # of a failed stage's log, shown on the console
+SCOPES = ("methods", "pipeline")
+SCOPE_DIRS = {"methods": "seeds", "pipeline": "pipeline_seeds"}  # under the run folder
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -55,6 +71,13 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     followed by the overrides."""
     parser = argparse.ArgumentParser(prog="seeds.py", description="Re-run the alignment stages with K seeds.")
     parser.add_argument("--seeds", type=int, required=True, help="K: method seeds run.seed, ..., run.seed + K - 1")
+    parser.add_argument(
+        "--scope",
+        choices=SCOPES,
+        default="methods",
+        help="methods: re-run the methods on this run's data, SFT and reward model (DIR/seeds/); "
+        "pipeline: redraw the data, SFT and reward model per seed too (DIR/pipeline_seeds/)",
+    )
     parser.add_argument(
         "--methods",
         help=f"comma-separated, from: {', '.join(METHOD_STAGES)} (default: those complete in the run folder, else all)",
@@ -107,6 +130,17 @@ def link_seed_folder(base: RunDir, folder: Path, upstream: list[str]) -> None:
     write_json_atomic(seed_run.summary_path, summary)
 
 
+def pipeline_seed_overrides(cfg, i: int) -> list[str]:
+    """`--scope pipeline`'s overrides for seed i >= 1: run.seed + i, and on the embedded task its task seed + i
+    with the test split's seed held at the base run's, so that every seed answers the same test prompts."""
+    overrides = [f"run.seed={cfg.run.seed + i}"]
+    if cfg.data.path == "embedded":
+        spec = cfg.data.embedded
+        test_seed = spec.seed if spec.test_seed is None else spec.test_seed
+        overrides += [f"data.embedded.seed={spec.seed + i}", f"data.embedded.test_seed={test_seed}"]
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> None:
     # 1. The command line, the run and its config; everything checked before any stage starts.
     args, source = parse_args(argv)
@@ -133,11 +167,13 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[seeds] warning: {args.seeds} seeds give intervals that cover less than 95% where the seeds matter")
     methods = choose_methods(args.methods, run, cfg)
     launcher = launcher_command(os.environ.get("RLHF_LAUNCH", ""))
-    seeds_dir = run.root / "seeds"
-    print(
-        f"[seeds] {args.seeds} seeds of {', '.join(methods)} on the {', '.join(upstream)} of {run.root}; "
-        f"stage logs in {seeds_dir / 'logs'}"
+    seeds_dir = run.root / SCOPE_DIRS[args.scope]
+    redrawn = (
+        "with the data, SFT and reward model redrawn per seed"
+        if args.scope == "pipeline"
+        else (f"on the {', '.join(upstream)} of {run.root}")
     )
+    print(f"[seeds] {args.seeds} seeds of {', '.join(methods)} {redrawn}; stage logs in {seeds_dir / 'logs'}")
 
     # 2. Each seed: the method stages, then eval, in its own run folder (seed 0: the run itself).
     seed_runs = []
@@ -145,6 +181,14 @@ def main(argv: list[str] | None = None) -> None:
         method_seed, eval_seed = cfg.run.seed + i, cfg.eval.seed + i
         if i == 0:
             folder, overrides = run.root, list(args.overrides)
+        elif args.scope == "pipeline":
+            folder = seeds_dir / f"seed_{method_seed}"
+            overrides = [
+                *SEED_EVAL_OVERRIDES,
+                *args.overrides,
+                *pipeline_seed_overrides(cfg, i),
+                f"eval.seed={eval_seed}",
+            ]
         else:
             folder = seeds_dir / f"seed_{method_seed}"
             link_seed_folder(run, folder, upstream)
@@ -155,9 +199,10 @@ def main(argv: list[str] | None = None) -> None:
                 f"eval.seed={eval_seed}",
             ]
         stage_args = [*source, "--output-dir", str(folder), *overrides]
-        label = f"[seeds] seed {i + 1}/{args.seeds} (method seed {method_seed}, eval seed {eval_seed}"
+        label = f"[seeds] seed {i + 1}/{args.seeds} (seed {method_seed}, eval seed {eval_seed}"
         label += ", the run itself)" if i == 0 else ")"
-        for stage in [*methods, "eval"]:
+        own_upstream = upstream if args.scope == "pipeline" and i > 0 else []
+        for stage in [*own_upstream, *methods, "eval"]:
             stage_cfg, stage_run, _ = parse_stage_args(stage, stage_args)
             # an eval that completed before one of the methods did has no answers of it: it runs again
             answered = all((folder / "eval" / "responses" / f"{m}.jsonl").is_file() for m in methods)
@@ -185,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     spread["seeds"] = [
         {**entry, "folder": os.path.relpath(entry["folder"].absolute(), run.root.absolute())} for entry in seed_runs
     ]
+    spread["scope"] = args.scope
     spread["seed_eval_overrides"] = SEED_EVAL_OVERRIDES
     spread["interval"] = (
         "mean over seeds x prompts ± t(0.975, Satterthwaite df) · SE, SE² = (MS_seed + MS_prompt − MS_resid) / (nK), "

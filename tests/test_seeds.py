@@ -31,6 +31,8 @@ from rlhf.seeds import (
     pairwise_outcomes,
     seed_block,
     student_t_quantile,
+    student_t_two_sided_p,
+    win_rate_block,
 )
 from rlhf.training import make_accelerator
 
@@ -87,6 +89,24 @@ def test_student_t_quantile_against_closed_forms_and_tables():
     assert student_t_quantile(0.995, 5.0) == pytest.approx(4.032143, abs=1e-6)
     between = student_t_quantile(p, np.array([2.5, 1e5]))
     assert 3.182446 < between[0] < 4.302653 and between[1] == pytest.approx(1.96, abs=1e-3)
+
+
+def test_student_t_two_sided_p_against_tables():
+    # the quantiles above, read back: P(|T| >= t(0.975, df)) = 0.05; t = 0 gives 1; the sign does not matter
+    for df, quantile in ((3.0, 3.182446), (10.0, 2.228139), (np.inf, 1.959964)):
+        assert student_t_two_sided_p(quantile, df) == pytest.approx(0.05, abs=1e-6)
+    assert student_t_two_sided_p(0.0, 4.0) == pytest.approx(1.0)
+    # df = 1 (Cauchy): P(|T| >= t) = 1 - 2 atan(t) / π
+    assert student_t_two_sided_p(-2.0, 1.0) == pytest.approx(1 - 2 * math.atan(2.0) / math.pi, rel=1e-9)
+
+
+def test_win_rate_block_tests_one_half_with_the_crossed_standard_error():
+    outcomes = np.array([[1, 0.5, 0.5, 0], [0.5, 1, 1, 0.5]])
+    block, interval = win_rate_block(outcomes), crossed_mean_interval(outcomes)
+    t = (0.625 - 0.5) / float(interval["se"])
+    assert block["p_value"] == pytest.approx(float(student_t_two_sided_p(t, float(interval["df"]))))
+    assert win_rate_block(np.full((2, 3), 0.5))["p_value"] == 1.0  # all ties: no difference at all
+    assert win_rate_block(np.ones((2, 3)))["p_value"] == 0.0  # every prompt won, no spread
 
 
 # ----------------------------------------------------------------------------- the crossed interval
@@ -215,6 +235,12 @@ def test_aggregation_of_fake_seed_runs_by_hand(tmp_path):
     assert summary["gold_score"]["dpo"]["per_seed"] == pytest.approx([0.625, 0.725])
     assert summary["gold_good_rate"]["sft"]["per_seed"] == [0.5, 0.25]
     assert summary["gold_good_rate"]["online_dpo"]["per_seed"] == [0.5, 0.75]  # 0.8 itself is good
+    # Holm within each family: the two comparisons with SFT, and the one head-to-head (alone: unadjusted)
+    vs_sft = summary["win_rate_vs_sft"]
+    ordered = sorted(vs_sft.values(), key=lambda b: b["p_value"])
+    assert ordered[0]["p_holm"] == pytest.approx(min(1.0, 2 * ordered[0]["p_value"]))
+    assert ordered[1]["p_holm"] == pytest.approx(max(ordered[0]["p_holm"], ordered[1]["p_value"]))
+    assert head["p_holm"] == head["p_value"]
 
 
 def test_aggregation_without_gold_falls_back_to_the_reward_judge(tmp_path):
@@ -240,8 +266,9 @@ def test_aggregation_rejects_seed_runs_on_different_prompts(tmp_path):
 
 
 def fake_seeds_summary() -> dict:
-    def block(mean, low, high, values, sd=0.02):
-        return {"mean": mean, "ci95_low": low, "ci95_high": high, "per_seed": values, "sd": sd, "tie_rate": 0.7}
+    def block(mean, low, high, values, sd=0.02, p_holm=None):
+        holm = {} if p_holm is None else {"p_holm": p_holm}
+        return {"mean": mean, "ci95_low": low, "ci95_high": high, "per_seed": values, "sd": sd, "tie_rate": 0.7, **holm}
 
     return {
         "judge": "gold",
@@ -250,33 +277,38 @@ def fake_seeds_summary() -> dict:
         "methods": ["ppo", "dpo", "online_dpo"],
         "seeds": [{"method_seed": 0, "eval_seed": 1234, "folder": "."}, {"method_seed": 1, "eval_seed": 1235}],
         "win_rate_vs_sft": {
-            "ppo": block(0.55, 0.52, 0.58, [0.568, 0.532]),
+            "ppo": block(0.55, 0.52, 0.58, [0.568, 0.532], p_holm=0.012),
             "dpo": block(0.53, 0.49, 0.57, [0.54, 0.52]),
             "online_dpo": block(0.56, 0.51, 0.61, [0.57, 0.55]),
         },
         "gold_score": {m: block(0.5 + i / 100, 0.45, 0.6, [0.5, 0.5]) for i, m in enumerate(["sft", "ppo", "dpo"])},
         "gold_good_rate": {"sft": block(0.493, 0.45, 0.53, [0.49, 0.5])},
         "head_to_head": {
-            "dpo_vs_ppo": block(0.46, 0.43, 0.49, [0.45, 0.47]),
-            "online_dpo_vs_dpo": block(0.53, 0.48, 0.58, [0.52, 0.54]),
+            "dpo_vs_ppo": block(0.46, 0.43, 0.49, [0.45, 0.47], p_holm=0.03),
+            "online_dpo_vs_dpo": block(0.53, 0.48, 0.58, [0.52, 0.54], p_holm=0.2),
+            "raft_vs_dpo": block(0.54, 0.51, 0.57, [0.53, 0.55], p_holm=0.09),
         },
     }
 
 
 def test_the_report_shows_the_seed_spread():
     text = section_seeds(RunData(summary={}, seeds=fake_seeds_summary()))
-    assert text.startswith("### Seed spread")
-    assert "| PPO | 0.550 [0.520, 0.580] | 0.020 | 0.568, 0.532 |" in text
-    assert "| SFT | (reference) | n/a | n/a | 0.500 [0.450, 0.600] | 0.493 [0.450, 0.530] |" in text
-    assert "| online DPO | 0.560 [0.510, 0.610] |" in text
-    # the headline pair first; each head-to-head says what its interval shows
+    assert text.startswith("### Seed spread: the methods, on this run's data, SFT and reward model")
+    assert "| PPO | 0.550 [0.520, 0.580] | 0.012 | 0.020 | 0.568, 0.532 |" in text
+    assert "| SFT | (reference) | n/a | n/a | n/a | 0.500 [0.450, 0.600] | 0.493 [0.450, 0.530] |" in text
+    assert "| online DPO | 0.560 [0.510, 0.610] | n/a |" in text  # no p-value: n/a, not a guess
+    # the headline pair first; each head-to-head's verdict is Holm's, not the unadjusted interval's
     assert text.index("online DPO vs DPO | 0.530") < text.index("DPO vs PPO | 0.460")
-    assert "| 0.700 | not separated |" in text and "| PPO better |" in text
-    assert "the interval contains 0.5: these seeds do not separate the two" in text
-    assert "method seeds (0, 1;" in text and "`gold`" in text
+    assert "| 0.700 | not separated (Holm p 0.2" in text and "| PPO better (Holm p 0.03" in text
+    assert "RAFT vs DPO | 0.540 [0.510, 0.570]" in text and "| not separated (Holm p 0.09" in text  # CI above ½
+    assert "method seeds (0, 1;" in text and "`gold`" in text and "conditional on this run's data" in text
     assert "Only 2 seeds" in text  # fewer than 4: the interval is said to cover less
     four_seeds = {**fake_seeds_summary(), "n_seeds": 4}
     assert "covers less than 95%" in text and "covers less than 95%" not in section_seeds(RunData({}, seeds=four_seeds))
+    # both scopes: the whole pipeline's spread first, then the methods'
+    both = section_seeds(RunData({}, seeds=fake_seeds_summary(), pipeline_seeds=four_seeds))
+    assert both.index("### Seed spread: the whole pipeline redrawn") < both.index("### Seed spread: the methods")
+    assert "`pipeline_seeds/summary.json`" in both and "covers the data, SFT and reward model" in both
 
 
 def test_the_seed_section_is_in_the_report_only_when_seeds_ran():
@@ -410,3 +442,21 @@ def test_seeds_script_end_to_end(tiny_run, tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert sum("complete, reused" in line for line in again.stdout.splitlines()) == 6
+
+
+def test_pipeline_scope_redraws_the_task_and_seeds_but_keeps_the_test_split():
+    cfg = tiny_config("run.seed=3", "data.embedded.seed=5", "data.embedded.test_seed=11")
+    assert seeds_script.pipeline_seed_overrides(cfg, 2) == [
+        "run.seed=5",
+        "data.embedded.seed=7",
+        "data.embedded.test_seed=11",
+    ]
+    # no test_seed: the test split stays the base run's task seed
+    unsealed = tiny_config("data.embedded.test_seed=null")
+    expected = ["data.embedded.seed=1", "data.embedded.test_seed=0"]
+    assert seeds_script.pipeline_seed_overrides(unsealed, 1)[1:] == expected
+    # real data: its split is by a hash of each prompt, so only the seeds change
+    real = tiny_config("data.path=/some/pairs.jsonl")
+    assert seeds_script.pipeline_seed_overrides(real, 1) == ["run.seed=1"]
+    # each scope writes its own folder
+    assert seeds_script.SCOPE_DIRS == {"methods": "seeds", "pipeline": "pipeline_seeds"}

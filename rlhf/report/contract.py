@@ -146,6 +146,7 @@ class RunData:
     suite_rows: dict[str, list[dict]] = field(default_factory=dict)  # eval/suites/<suite>.jsonl rows
     error_analysis: dict = field(default_factory=dict)  # reward/error_analysis.json
     seeds: dict = field(default_factory=dict)  # seeds/summary.json (part4_eval/seeds.py), when it has run
+    pipeline_seeds: dict = field(default_factory=dict)  # pipeline_seeds/summary.json (seeds.py --scope pipeline)
     figures: dict[str, str] = field(
         default_factory=dict
     )  # figure key (FIGURES, or curves_<stage>) -> path relative to report.md

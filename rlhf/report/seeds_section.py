@@ -1,14 +1,16 @@
-"""The report's seed-spread section: each method over K method seeds (`part4_eval/seeds.py`, seeds/summary.json),
-with intervals over seeds × prompts (`rlhf/seeds.py`). Absent until seeds.py has run."""
+"""The report's seed-spread section: each method over K seeds (`part4_eval/seeds.py`): the methods alone on this
+run's data, SFT and reward model (seeds/summary.json), and the whole pipeline redrawn per seed
+(pipeline_seeds/summary.json), with intervals over seeds × prompts and Holm-adjusted p-values (`rlhf/seeds.py`).
+Absent until seeds.py has run."""
 
 from __future__ import annotations
 
 from rlhf.report.contract import JUDGES, NA, RunData
 from rlhf.report.format import (
-    escape_cell,
     eval_split,
     fmt,
     fmt_ci,
+    fmt_p,
     is_number,
     markdown_table,
     model_label,
@@ -37,32 +39,60 @@ def per_seed(block) -> str:
 
 
 def verdict(block, a: str, b: str) -> str:
-    """What the interval says about A against B (win rate of A): which is better, or neither shown."""
-    low, high = (block.get("ci95_low"), block.get("ci95_high")) if isinstance(block, dict) else (None, None)
-    if not (is_number(low) and is_number(high)):
+    """What the family-wise test says about A against B (win rate of A): which is better at Holm-adjusted p < 0.05
+    (the interval beside it is the unadjusted 95% one), or not separated."""
+    if not isinstance(block, dict) or not is_number(block.get("mean")):
         return NA
-    return f"{a} better" if low > 0.5 else f"{b} better" if high < 0.5 else "not separated"
+    p = block.get("p_holm")
+    if not is_number(p):  # a summary written before seeds.py computed p-values: the unadjusted interval alone
+        low, high = block.get("ci95_low"), block.get("ci95_high")
+        if not (is_number(low) and is_number(high)):
+            return NA
+        return (
+            f"{a} better (uncorrected)" if low > 0.5 else f"{b} better (uncorrected)" if high < 0.5 else "not separated"
+        )
+    if p >= 0.05:
+        return f"not separated (Holm p {fmt_p(p)})"
+    return f"{a if block['mean'] > 0.5 else b} better (Holm p {fmt_p(p)})"
 
 
-def section_seeds(data: RunData) -> str:
-    seeds = data.seeds
-    if not isinstance(seeds, dict) or not seeds:
-        return ""
+SCOPE_TEXT = {
+    "methods": (
+        "Seed spread: the methods, on this run's data, SFT and reward model",
+        "Every method trained with {n} method seeds ({seeds}; `run.method_seed`) on this run's data, SFT policy and "
+        "reward model, each evaluated with its own sampling seed on the same {prompts} prompts (`part4_eval/seeds.py`, "
+        "`seeds/summary.json`). The interval is conditional on this run's data, SFT and reward model: an effect they "
+        "share is not in it.",
+    ),
+    "pipeline": (
+        "Seed spread: the whole pipeline redrawn",
+        "Every seed ({seeds}) redrew the pipeline: `run.seed` (the SFT's and reward model's initialisation and data "
+        "order, and the methods), and on the embedded task the training and validation pairs and the tokenizer, "
+        "with the test split held fixed, so all answered the same {prompts} prompts (`part4_eval/seeds.py --scope "
+        "pipeline`, `pipeline_seeds/summary.json`). The interval covers the data, SFT and reward model as well as "
+        "the method.",
+    ),
+}
+
+
+def spread_lines(data: RunData, seeds: dict, scope: str) -> list[str]:
+    """One seeds summary: the win rates against SFT, gold scores and good-rates, then the head-to-heads."""
     judge = seeds.get("judge", NA)
     win_rates = seeds.get("win_rate_vs_sft") or {}
     gold_scores, good_rates = seeds.get("gold_score") or {}, seeds.get("gold_good_rate") or {}
     runs = seeds.get("seeds") or []
-    method_seeds = ", ".join(str(run.get("method_seed")) for run in runs if isinstance(run, dict)) or NA
+    seed_list = ", ".join(str(run.get("method_seed")) for run in runs if isinstance(run, dict)) or NA
+    title, text = SCOPE_TEXT[scope]
     lines = [
-        "### Seed spread",
+        f"### {title}",
         "",
-        f"Every method trained with {fmt(seeds.get('n_seeds'))} method seeds ({method_seeds}; `run.method_seed`) on "
-        f"this run's data, SFT policy and reward model, each evaluated with its own sampling seed on the same "
-        f"{fmt(seeds.get('n_prompts'))} prompts (`part4_eval/seeds.py`, `seeds/summary.json`). Judge: `{judge}`, "
-        f"{JUDGES.get(judge, 'a judge this report does not describe')}. Each method is compared with the SFT answers "
-        "of its own seed run. *mean* is over seeds × prompts; its 95% interval counts both the seeds and the "
-        "prompts (two-way random-effects ANOVA with Satterthwaite's degrees of freedom, `rlhf/seeds.py`), so it is "
-        "wider than one run's interval, which counts the prompts alone; *sd* is the spread of the per-seed values.",
+        text.format(n=fmt(seeds.get("n_seeds")), seeds=seed_list, prompts=fmt(seeds.get("n_prompts")))
+        + f" Judge: `{judge}`, {JUDGES.get(judge, 'a judge this report does not describe')}. Each method is "
+        "compared with the SFT answers of its own seed run. *mean* is over seeds × prompts; its 95% interval counts "
+        "both the seeds and the prompts (two-way random-effects ANOVA with Satterthwaite's degrees of freedom, "
+        "`rlhf/seeds.py`), so it is wider than one run's interval, which counts the prompts alone; *sd* is the "
+        "spread of the per-seed values. *Holm p* tests a win rate of 0.5 with the same standard error, adjusted "
+        "over its family (the comparisons with SFT; the head-to-heads): a verdict needs Holm p < 0.05.",
         "",
     ]
     rows = []
@@ -72,6 +102,7 @@ def section_seeds(data: RunData) -> str:
             [
                 label(name),
                 "(reference)" if name == "sft" else with_ci(block),
+                NA if name == "sft" else fmt_p(block.get("p_holm") if isinstance(block, dict) else None),
                 NA if name == "sft" else fmt(block.get("sd") if isinstance(block, dict) else None),
                 NA if name == "sft" else per_seed(block),
                 with_ci(gold_scores.get(name)),
@@ -89,6 +120,7 @@ def section_seeds(data: RunData) -> str:
     headers = [
         "model",
         f"win rate vs SFT over seeds, {eval_split(data.summary)} prompts [95% CI]",
+        "Holm p",
         "sd",
         "per seed",
         "gold score [95% CI]",
@@ -119,17 +151,14 @@ def section_seeds(data: RunData) -> str:
             "",
             "Head to head, each pair on the same prompts within a seed run, pooled over seeds:",
             "",
-            markdown_table(["A vs B", "win rate of A [95% CI]", "sd", "per seed", "ties", "interval says"], rows),
+            markdown_table(["A vs B", "win rate of A [95% CI]", "sd", "per seed", "ties", "Holm says"], rows),
         ]
-        if HEADLINE_PAIR in pairs:
-            block = pairs[HEADLINE_PAIR]
-            lines += [
-                "",
-                f"Online DPO against DPO: {escape_cell(with_ci(block))} over {fmt(seeds.get('n_seeds'))} seeds; "
-                + {
-                    "online DPO better": "the interval lies above 0.5: online DPO wins more often.",
-                    "DPO better": "the interval lies below 0.5: DPO wins more often.",
-                    "not separated": "the interval contains 0.5: these seeds do not separate the two.",
-                }.get(verdict(block, "online DPO", "DPO"), "no interval."),
-            ]
+    return lines
+
+
+def section_seeds(data: RunData) -> str:
+    lines: list[str] = []
+    for seeds, scope in ((data.pipeline_seeds, "pipeline"), (data.seeds, "methods")):
+        if isinstance(seeds, dict) and seeds:
+            lines += [*(["", ""] if lines else []), *spread_lines(data, seeds, scope)]
     return "\n".join(lines)
