@@ -46,6 +46,7 @@ from rlhf.rl.shaping import (
     shape_rewards,
 )
 from rlhf.rl.stats import flat_reward_warning, gold_metrics, head_to_head, loop_costs, pearson, response_metrics
+from rlhf.rollout import SamplingConfig, eval_sampling
 from rlhf.run import RunDir
 
 
@@ -674,3 +675,12 @@ def test_grpo_warns_once_when_its_reward_is_flat_within_groups():
     assert [w is not None for w in warnings] == [False, False, False, False, True, False, False]  # once
     assert flat_reward_warning([0.5] * 5, "model", 8) is None  # at the threshold: a reward that varies enough
     assert flat_reward_warning([0.0, 0.0, 0.1, 0.0, 0.05], "model", 4) is None
+
+
+def test_every_held_out_check_decodes_as_the_test_does():
+    """A setting chosen on validation is chosen at the decoding it is tested at: eval's temperature, top-p and
+    response budget, not the stage's own (the RL stages train on 24-token samples in the tiny preset)."""
+    cfg = load_config(preset_path("tiny"), ["eval.max_new_tokens=40", "eval.temperature=0.9", "eval.top_p=0.95"])
+    assert eval_sampling(cfg) == SamplingConfig(40, temperature=0.9, top_p=0.95)
+    tiny = load_config(preset_path("tiny"), [])
+    assert tiny.grpo.max_new_tokens == 24 and eval_sampling(tiny).max_new_tokens == tiny.eval.max_new_tokens == 64
