@@ -14,8 +14,9 @@ from rlhf.judges.base import Item, Judge, Judgment
 
 class SimulatedAnnotatorJudge(Judge):
     """The embedded task's annotator (rlhf/task/annotator.py) as a judge: noisy and length-biased
-    over gold, "tie" when the gold scores are equal. It labelled the dataset; the `collect` stage
-    uses it to label the policy's own samples.
+    over gold, and it always picks one ("A" or "B", never "tie"): when the gold scores are equal its
+    careful judgement is a coin flip (`task.picks_first`). It labelled the dataset; the `collect`
+    stage uses it to label the policy's own samples.
 
     Each pair gets one draw from a generator seeded by (seed, prompt, the two responses as a set),
     so the label does not depend on the order shown or on the batch, and a re-run labels alike.
