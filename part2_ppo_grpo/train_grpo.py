@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     check_frozen("grpo", frozen_roles, frozen_before)
 
-    # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both. The SFT
+    # 5. Final policy vs SFT on held-out prompts: the test's decoding and the same seed for both. The SFT
     #    policy is loaded now if nothing loaded it yet (peak memory was read above).
     sft_policy = (
         eval_reference if eval_reference is not None else reference_policy(unwrapped, run.model_dir("sft"), device)

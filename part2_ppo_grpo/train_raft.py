@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     check_frozen("raft", frozen_roles, frozen_before)
 
-    # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both. The SFT
+    # 5. Final policy vs SFT on held-out prompts: the test's decoding and the same seed for both. The SFT
     #    policy is loaded now if nothing loaded it yet (peak memory was read above).
     sft_policy = sft_policy if sft_policy is not None else reference_policy(unwrapped, run.model_dir("sft"), device)
     results, eval_samples = evaluate_against_sft(

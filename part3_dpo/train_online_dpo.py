@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     check_frozen("online_dpo", frozen_roles, frozen_before)
 
-    # 5. Final policy vs SFT on held-out prompts: same sampling settings and seed for both.
+    # 5. Final policy vs SFT on held-out prompts: the test's decoding and the same seed for both.
     results, eval_samples = evaluate_against_sft(
         engine,
         unwrapped,

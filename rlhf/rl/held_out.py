@@ -210,7 +210,7 @@ def evaluate_against_sft(
     gold: bool,
 ) -> tuple[dict, list[dict]]:
     """The final policy against the SFT policy on the held-out prompts, both sampled through `engine` with the
-    same sampling settings and seed; the policy's KL is measured to the SFT policy.
+    test's decoding (`rlhf.rollout.eval_sampling`) and the same seed; the policy's KL is measured to the SFT policy.
     -> (the `compare_with_sft` summary, per-prompt `eval_rows` for eval_samples.jsonl); with no
     held-out prompts (`<stage>.eval_prompts=0`, the way to skip it) nothing is sampled: ({"eval_prompts": 0}, [])."""
     if not prompts.eval_ids:
