@@ -1,6 +1,8 @@
 """Seed spread: how much a method's result moves with its seeds, and an interval for its mean over seeds that
 also counts the prompts. `part4_eval/seeds.py` re-runs the alignment stages on one run's data, SFT policy and
-reward model with K method seeds (and K eval sampling seeds) and calls `aggregate_seed_runs` here.
+reward model with K method seeds (or, with `--scope pipeline`, every stage with K seeds), each evaluated with its own
+sampling seed, and calls `aggregate_seed_runs` here; each win rate also gets a p-value from the same standard error,
+Holm-adjusted over its family (`add_holm`).
 
 The design is crossed: every seed answers the SAME n evaluation prompts, so the outcomes of one comparison form a
 K × n matrix Y (seed k, prompt j), and a prompt that is hard for a method is hard in every seed. The two-way
