@@ -190,3 +190,45 @@ def test_gpu_check_flops_per_token_by_hand():
     shape = {"n_layer": 2, "n_embd": 4, "vocab_size": 10, "params_in_matmuls": 2 * 12 * 16 + 10 * 4}
     assert training_flops_per_token(shape, "sft", 5.0) == 6 * 424 + 12 * 2 * 4 * 5
     assert training_flops_per_token(shape, "reward", 5.0) == 6 * (424 - 40) + 12 * 2 * 4 * 5  # no LM head
+
+
+def test_omp_wait_times_each_policy_alone_and_beside_a_neighbour(tmp_path, monkeypatch):
+    """bench/omp_wait.py: every (load, policy) cell measured in a process whose environment has the policy or lacks
+    it, one neighbour per repeat with the default policy, killed after, and the ratios of the medians written."""
+    import os
+
+    import bench.omp_wait as omp_wait
+
+    policies_seen, neighbours = [], []
+
+    def fake_measure(stage, run, preset, steps, warmup, overrides, profile=False):
+        policy = os.environ.get("OMP_WAIT_POLICY")
+        policies_seen.append(policy)
+        return {"timed_s": 2.0 if policy == "PASSIVE" else 4.0, "steps": 2}
+
+    class FakeNeighbour:
+        def __init__(self, command, env):
+            neighbours.append(env.get("OMP_WAIT_POLICY", "unset"))
+
+        def kill(self):
+            neighbours.append("killed")
+
+        def wait(self):
+            pass
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the caller's own setting reaches neither side
+    monkeypatch.setattr(omp_wait, "measure_stage", fake_measure)
+    monkeypatch.setattr(omp_wait.subprocess, "Popen", FakeNeighbour)
+    monkeypatch.setattr(omp_wait.time, "sleep", lambda seconds: None)
+    omp_wait.main(["--run", str(tmp_path), "--repeats", "2", "--out", str(tmp_path)])
+
+    assert policies_seen == [None, "PASSIVE", None, "PASSIVE"] * 2
+    assert neighbours == ["unset", "killed"] * 2 and os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    result = json.loads(next(tmp_path.glob("*-omp-wait.json")).read_text())
+    assert result["median_seconds_per_step"] == {
+        "quiet/default": 2.0,
+        "quiet/PASSIVE": 1.0,
+        "loaded/default": 2.0,
+        "loaded/PASSIVE": 1.0,
+    }
+    assert result["passive_over_default"] == {"quiet": 0.5, "loaded": 0.5}
