@@ -64,7 +64,8 @@ def idle_cores(window_s: float = 0.3) -> float | None:
 
 
 def warn_if_cpu_shared(accelerator: Accelerator) -> None:
-    """On CPU, one line of advice when other processes keep cores busy and OMP_NUM_THREADS is unset.
+    """On CPU, one line of advice when other processes keep cores busy, idle OpenMP threads spin (OMP_WAIT_POLICY
+    is not PASSIVE) and OMP_NUM_THREADS is unset.
 
     torch's default is one intra-op thread per core. When another process keeps a core busy, its
     threads spin at every barrier waiting for the one that was descheduled: a reward-model step on
@@ -72,13 +73,15 @@ def warn_if_cpu_shared(accelerator: Accelerator) -> None:
     (docs/performance.md). The thread count is left alone, so a stage's numbers never depend on the machine's
     load (a different count can change float reductions); the advice says how to choose it.
     """
-    if accelerator.device.type != "cpu" or "OMP_NUM_THREADS" in os.environ:
+    passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"  # idle threads sleep: nothing spins
+    if accelerator.device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or passive:
         return
     idle = idle_cores()
     if idle is not None and round(idle) < torch.get_num_threads():
         accelerator.print(
             f"[cpu] only {idle:.1f} of {os.cpu_count()} cores idle: torch's {torch.get_num_threads()} threads will "
-            "spin against the other jobs; OMP_NUM_THREADS=1 (or fewer threads) is often several times faster"
+            "spin against the other jobs; start the stage with OMP_WAIT_POLICY=PASSIVE (bash run_all.sh sets it), "
+            "often several times faster"
         )
 
 

@@ -224,3 +224,23 @@ def test_bf16_without_bf16_arithmetic_is_one_line_at_start_up(monkeypatch, cpuin
         assert line.endswith("pass run.mixed_precision=no") and "\n" not in line
     else:
         assert printed == []
+
+
+def test_a_shared_cpu_gets_advice_only_while_idle_threads_spin(monkeypatch):
+    import rlhf.training as training
+
+    printed = []
+    accelerator = SimpleNamespace(device=torch.device("cpu"), print=printed.append)
+    monkeypatch.setattr(training, "idle_cores", lambda: 0.4)  # another job holds most of the cores
+    monkeypatch.setattr(training.torch, "get_num_threads", lambda: 2)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    training.warn_if_cpu_shared(accelerator)
+    assert len(printed) == 1 and "only 0.4 of" in printed[0] and "OMP_WAIT_POLICY=PASSIVE" in printed[0]
+    for value in ("PASSIVE", "passive"):  # run_all.sh's default: idle threads sleep, nothing to advise
+        monkeypatch.setenv("OMP_WAIT_POLICY", value)
+        training.warn_if_cpu_shared(accelerator)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user chose the threads
+    training.warn_if_cpu_shared(accelerator)
+    assert len(printed) == 1
