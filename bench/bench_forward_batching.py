@@ -1,5 +1,5 @@
 """Benchmark: forward-only reward scoring (what the reward stage's evaluation and DPO's reference
-pass do) with `rlhf.training.forward_map`, in input order vs longest-first length order, at a
+pass do) with `rlhf.models.training.forward_map`, in input order vs longest-first length order, at a
 few batch sizes.
 
     python bench/bench_forward_batching.py --run outputs/tiny [--pairs 2000] [--batch-sizes 32,128]
@@ -20,11 +20,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.batching import collate_pairs, encode_pairs, pair_length
-from rlhf.config import load_config, preset_path
+from rlhf.core.batching import collate_pairs, encode_pairs, pair_length
 from rlhf.data import read_jsonl
-from rlhf.models import load_reward_model, load_tokenizer, reward_scores
-from rlhf.training import forward_map
+from rlhf.models.modeling import load_reward_model, load_tokenizer, reward_scores
+from rlhf.models.training import forward_map
+from rlhf.stage.config import load_config, preset_path
 
 
 class OneProcess:

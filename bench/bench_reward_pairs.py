@@ -20,12 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.batching import collate_pairs, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
-from rlhf.config import load_config, preset_path
+from rlhf.core.batching import collate_pairs, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
+from rlhf.core.losses import bradley_terry_loss
 from rlhf.data import read_jsonl
-from rlhf.losses import bradley_terry_loss
-from rlhf.models import SharedPromptPairRewards, build_reward_model, load_tokenizer, reward_scores
-from rlhf.training import epoch_order
+from rlhf.models.modeling import SharedPromptPairRewards, build_reward_model, load_tokenizer, reward_scores
+from rlhf.models.training import epoch_order
+from rlhf.stage.config import load_config, preset_path
 
 
 def main() -> None:

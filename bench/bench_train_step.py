@@ -18,12 +18,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.batching import collate_sequences, encode_responses, encode_texts
-from rlhf.config import load_config, preset_path
+from rlhf.core.batching import collate_sequences, encode_responses, encode_texts
+from rlhf.core.losses import sft_loss
 from rlhf.data import read_jsonl
-from rlhf.losses import sft_loss
-from rlhf.models import build_policy, load_tokenizer, token_logprobs
-from rlhf.training import epoch_order
+from rlhf.models.modeling import build_policy, load_tokenizer, token_logprobs
+from rlhf.models.training import epoch_order
+from rlhf.stage.config import load_config, preset_path
 
 
 def measure(model, examples, order, batch, steps, pad_id) -> float:

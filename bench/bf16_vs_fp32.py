@@ -42,7 +42,7 @@ def write_gpt2_run(tiny_run: Path, folder: Path) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     sys.path.insert(0, str(REPO))
-    from rlhf.models import load_tokenizer
+    from rlhf.models.modeling import load_tokenizer
 
     (folder / "data").symlink_to((tiny_run / "data").resolve())
     tokenizer = load_tokenizer(tiny_run / "sft" / "model")

@@ -6,7 +6,7 @@ model's class and the shape each process holds of the embedding (a shard under F
     accelerate launch --config_file configs/accelerate/deepspeed_zero2.yaml --num_processes 2 \\
         bench/cpu_sharding_probe.py            # Accelerator(cpu=False): needs `pip install deepspeed`
 
-`--cpu` builds the Accelerator as the stages do on a machine without a GPU (`rlhf.training.make_accelerator`).
+`--cpu` builds the Accelerator as the stages do on a machine without a GPU (`rlhf.models.training.make_accelerator`).
 Findings are in docs/scaling.md."""
 
 from __future__ import annotations

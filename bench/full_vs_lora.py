@@ -24,14 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from run import REPO, device_name
 
-from rlhf.batching import collate_sequences, encode_responses, encode_texts
-from rlhf.config import load_config, preset_path
+from rlhf.core.batching import collate_sequences, encode_responses, encode_texts
+from rlhf.core.losses import sft_loss
 from rlhf.data import read_jsonl
-from rlhf.lora import with_lora
-from rlhf.losses import sft_loss
-from rlhf.models import build_policy, load_tokenizer, token_logprobs
-from rlhf.run import RunDir
-from rlhf.training import cpu_computes_bf16, epoch_order
+from rlhf.models.lora import with_lora
+from rlhf.models.modeling import build_policy, load_tokenizer, token_logprobs
+from rlhf.models.training import cpu_computes_bf16, epoch_order
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import RunDir
 
 
 def cpu_has_native_bf16() -> bool:

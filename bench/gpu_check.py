@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from rlhf.config import load_config, preset_path
+    from rlhf.stage.config import load_config, preset_path
 
     on_gpu = torch.cuda.is_available()
     spec = SHAPES[args.shape]

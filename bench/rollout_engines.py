@@ -1,4 +1,4 @@
-"""Rollout throughput of the two engines (`rollout.engine=hf|vllm`, rlhf/engines.py) on one workload: a
+"""Rollout throughput of the two engines (`rollout.engine=hf|vllm`, rlhf/rollout/engines.py) on one workload: a
 random-init GPT-2 of the shape, P prompts of synthetic HH rows (bench/hh_rows.py), R new tokens each, one seed per
 row, as GRPO samples. Times the engine's build and its first call apart from the steady calls after them.
 
@@ -29,12 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.hh_rows import hh_pairs
 from bench.run import device_name
-from rlhf.batching import encode_texts
-from rlhf.config import RolloutConfig
+from rlhf.core.batching import encode_texts
 from rlhf.data import read_jsonl
-from rlhf.engines import build_engine, vllm_installed
-from rlhf.models import disable_dropout, load_policy, load_tokenizer, train_tokenizer
-from rlhf.rollout import SamplingConfig, sampling_seeds
+from rlhf.models.modeling import disable_dropout, load_policy, load_tokenizer, train_tokenizer
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.engines import build_engine, vllm_installed
+from rlhf.rollout.generate import sampling_seeds
+from rlhf.stage.config import RolloutConfig
 
 SHAPES = {  # GPT-2 widths; tiny is the tiny preset's model (configs/tiny.yaml)
     "tiny": {"n_layer": 4, "n_embd": 192, "n_head": 6, "vocab_size": 1024},

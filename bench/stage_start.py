@@ -1,5 +1,5 @@
 """What a stage process costs to start, in a fresh interpreter against forked from a process that imported the
-libraries once (`rlhf/stage_process.py`, as run_all.sh, seeds.py and the tests start stages).
+libraries once (`rlhf/pipeline/stage_process.py`, as run_all.sh, seeds.py and the tests start stages).
 
 Two workloads on a copy of a run folder's data, sft and reward stages (the tiny preset's):
 - `complete`: the GRPO script on a run where GRPO is complete; it imports, reads its config and exits, so this is
@@ -29,13 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlhf.stage_process import fork_supported, preload, run_stage_script
+from rlhf.pipeline.stage_process import fork_supported, preload, run_stage_script
 
 preload()  # first, before anything runs torch code: what run_all.sh does
 
 from bench.run import device_name  # noqa: E402  (after the preload, on purpose)
-from rlhf.cli import REPO_ROOT  # noqa: E402
-from rlhf.run import STAGE_SCRIPTS  # noqa: E402
+from rlhf.stage.cli import REPO_ROOT  # noqa: E402
+from rlhf.stage.run import STAGE_SCRIPTS  # noqa: E402
 
 GRPO = REPO_ROOT / STAGE_SCRIPTS["grpo"]
 ONE_ITERATION = ["grpo.total_episodes=64", "grpo.batch_size=64", "grpo.eval_prompts=16"]
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="section.key=value overrides the run folder was made with")
     args = parser.parse_args()
     if not fork_supported():
-        raise SystemExit("stages are not forked here (rlhf.stage_process.fork_supported): nothing to compare")
+        raise SystemExit("stages are not forked here (rlhf.pipeline.stage_process.fork_supported): nothing to compare")
     run = Path(args.run)
     with tempfile.TemporaryDirectory(prefix="stage-start-") as folder:
         copy = Path(folder) / "run"

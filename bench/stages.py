@@ -6,13 +6,13 @@ warm-up, on a run folder's data and models. Prints one JSON line (a `StageResult
 `bench/run.py` (the harness) and `bench/vs_trl.py` run this script once per stage, each in its own
 process, so that peak memory (max RSS on CPU) and thread settings belong to one stage alone.
 
-- sft, reward, dpo: `rlhf.training.train_step` with the stage's own loss and collation, on the
+- sft, reward, dpo: `rlhf.models.training.train_step` with the stage's own loss and collation, on the
   first (warm-up + steps) x batch_size training examples, in the stage's epoch order (length
   grouped). DPO's reference pass over those pairs (`split_logps`, forward-only, as the stage
   precomputes it) runs before the first step and counts in `total_s`. The reward model is trained
   with the Bradley-Terry loss alone (`reward.logprob_distill_coef` is a stage option TRL has no
   counterpart of; its SFT forward pass is left out). With `model.lora` on for the stage, the model
-  is built as the stage builds it (`rlhf.lora.with_lora`: adapters on frozen weights, the reward
+  is built as the stage builds it (`rlhf.models.lora.with_lora`: adapters on frozen weights, the reward
   model's score head trained in full; DPO's reference is the policy with its adapters disabled).
   Every sequence trained on, warm-up included, is recorded (`trained`, bench/trained_sequences.py),
   so that bench/vs_trl.py can check that TRL read the same tokens.
@@ -40,27 +40,25 @@ sys.path.insert(0, str(REPO))  # run as a script: the stage modules (part*/) imp
 from profiling import StepProfile  # noqa: E402
 from trained_sequences import TrainedSequences  # noqa: E402
 
-from rlhf.batching import (  # noqa: E402
+from rlhf.core.batching import (  # noqa: E402
     collate_sequences,
     collate_shared_prompt_pairs,
     encode_demonstrations,
     encode_pairs,
     shared_prompt_pair_length,
 )
-from rlhf.config import Config, load_config, preset_path  # noqa: E402
+from rlhf.core.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
 from rlhf.data import read_demonstrations, read_jsonl  # noqa: E402
-from rlhf.dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
-from rlhf.lora import load_trainable_policy, reference_policy, with_lora  # noqa: E402
-from rlhf.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
-from rlhf.models import (  # noqa: E402
+from rlhf.methods.dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
+from rlhf.models.lora import load_trainable_policy, reference_policy, with_lora  # noqa: E402
+from rlhf.models.memory import peak_memory_mb  # noqa: E402
+from rlhf.models.modeling import (  # noqa: E402
     SharedPromptPairRewards,
     build_reward_model,
     load_policy,
     load_tokenizer,
 )
-from rlhf.rl.stats import peak_memory_mb  # noqa: E402
-from rlhf.run import RunDir  # noqa: E402
-from rlhf.training import (  # noqa: E402
+from rlhf.models.training import (  # noqa: E402
     build_optimizer,
     build_scheduler,
     epoch_order,
@@ -68,6 +66,8 @@ from rlhf.training import (  # noqa: E402
     sft_batch_loss,
     train_step,
 )
+from rlhf.stage.config import Config, load_config, preset_path  # noqa: E402
+from rlhf.stage.run import RunDir  # noqa: E402
 
 OFFLINE_STAGES = ("sft", "reward", "dpo")
 RL_STAGES = ("ppo", "grpo")

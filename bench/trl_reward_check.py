@@ -3,7 +3,7 @@ behind bench/trl_stages.py's `scored_as_ours`. Prints one JSON line.
 
     python bench/trl_reward_check.py --run outputs/tiny-final [--samples 64]
 
-- `ours`: the mean of ours' GRPO scores (`rlhf.rollout.score_rollout` on the token ids, EOS included, then
+- `ours`: the mean of ours' GRPO scores (`rlhf.rollout.forward.score_rollout` on the token ids, EOS included, then
   `grpo.missing_eos_penalty` off a response without one);
 - `trl_default`: the mean TRL's own reward-model path gives the same samples (prompt + completion decoded without
   special tokens, re-tokenized, right-padded, the score at the last token);
@@ -24,13 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from trl_stages import scored_as_ours
 
-from rlhf.config import load_config, preset_path
 from rlhf.data import read_jsonl
-from rlhf.engines import HFEngine
-from rlhf.models import load_policy, load_reward_model, load_tokenizer
-from rlhf.rl.shaping import apply_missing_eos_penalty
-from rlhf.rollout import SamplingConfig, score_rollout
-from rlhf.run import RunDir
+from rlhf.methods.shaping import apply_missing_eos_penalty
+from rlhf.models.modeling import load_policy, load_reward_model, load_tokenizer
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.engines import HFEngine
+from rlhf.rollout.forward import score_rollout
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import RunDir
 
 
 @torch.no_grad()

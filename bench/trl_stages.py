@@ -43,13 +43,13 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.config import Config, load_config, preset_path
-from rlhf.data import read_jsonl
-from rlhf.lora import REWARD_HEAD, lora_targets
-from rlhf.models import load_tokenizer
-from rlhf.rl.prompts import iteration_prompts, unique_prompts
-from rlhf.rl.stats import peak_memory_mb
-from rlhf.run import RunDir, stage_seed
+from rlhf.data import read_jsonl, unique_prompts
+from rlhf.models.lora import REWARD_HEAD, lora_targets
+from rlhf.models.memory import peak_memory_mb
+from rlhf.models.modeling import load_tokenizer
+from rlhf.online.prompts import iteration_prompts
+from rlhf.stage.config import Config, load_config, preset_path
+from rlhf.stage.run import RunDir, stage_seed
 
 TRL_STAGES = ("sft", "reward", "dpo", "grpo")
 
@@ -89,7 +89,7 @@ def common_args(cfg: Config, stage: str, steps: int) -> dict:
         "adam_epsilon": tcfg.adam_eps,
         "max_grad_norm": tcfg.max_grad_norm,
         "lr_scheduler_type": tcfg.scheduler,
-        "warmup_steps": round(tcfg.warmup_ratio * steps),  # as rlhf.training.build_scheduler
+        "warmup_steps": round(tcfg.warmup_ratio * steps),  # as rlhf.models.training.build_scheduler
         "bf16": False,
         "fp16": False,
         "gradient_checkpointing": False,
@@ -104,9 +104,9 @@ def common_args(cfg: Config, stage: str, steps: int) -> dict:
 
 
 def peft_config_as_ours(cfg: Config, stage: str, model):
-    """TRL's `peft_config` for `stage`: the adapters ours puts on `model` (`rlhf.lora.with_lora`), or None when the
-    preset trains every weight of that stage. The same r, alpha, dropout and target modules (`lora_targets`: the
-    architecture's defaults under `auto`); a sequence-classification model's score head is trained in full
+    """TRL's `peft_config` for `stage`: the adapters ours puts on `model` (`rlhf.models.lora.with_lora`), or None
+    when the preset trains every weight of that stage. The same r, alpha, dropout and target modules (`lora_targets`:
+    the architecture's defaults under `auto`); a sequence-classification model's score head is trained in full
     (`modules_to_save`), as ours trains it."""
     lora = cfg.model.lora.for_stage(stage)
     if not lora.enabled:
@@ -262,7 +262,7 @@ def scored_as_ours(reward_model, tokenizer, missing_eos_penalty: float):
 
 
 def ours_prompt_order(cfg: Config, run: RunDir, steps: int) -> list[dict]:
-    """The prompts our GRPO samples in its first `steps` iterations, in its order (`rlhf.rl.prompts`), for TRL to
+    """The prompts our GRPO samples in its first `steps` iterations, in its order (`rlhf.online.prompts`), for TRL to
     read unshuffled: each step then generates for the same 16 prompts on both sides."""
     texts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
     per_step = cfg.grpo.batch_size // cfg.grpo.group_size

@@ -19,10 +19,10 @@ from typing import NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
-from rlhf.batching import encode_texts
+from rlhf.analysis.plots import plot_length_distributions
 from rlhf.chat import check_chat_template, fit_turns, render_prompt
-from rlhf.checkpoint import fresh_tmp, publish_dir
-from rlhf.cli import run_stage, start_stage
+from rlhf.core.batching import encode_texts
+from rlhf.core.errors import UserError
 from rlhf.data import (
     DEMONSTRATION_FORMATS,
     DROP_REASONS,
@@ -40,11 +40,17 @@ from rlhf.data import (
     token_filter_reason,
     write_jsonl,
 )
-from rlhf.errors import UserError
-from rlhf.model_sources import dequantize, is_dequantized, is_gguf, locate_gguf
-from rlhf.models import check_context_from_config, check_model_sources, load_pretrained_tokenizer, train_tokenizer
-from rlhf.plots import plot_length_distributions
-from rlhf.run import write_json_atomic
+from rlhf.models.checkpoint import fresh_tmp, publish_dir
+from rlhf.models.modeling import (
+    check_context_from_config,
+    check_model_sources,
+    load_pretrained_tokenizer,
+    train_tokenizer,
+)
+from rlhf.models.sources import dequantize, is_dequantized, locate_gguf
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.config import is_gguf
+from rlhf.stage.run import write_json_atomic
 
 
 class Source(NamedTuple):

@@ -37,22 +37,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
-from rlhf.batching import encode_texts
-from rlhf.cli import run_stage, start_stage
-from rlhf.config import Config
-from rlhf.data import DROP_REASONS, length_stats, token_filter_reason, write_jsonl
-from rlhf.engines import build_engine, check_engine
-from rlhf.errors import UserError
+from rlhf.analysis.plots import plot_length_distributions
+from rlhf.core.batching import encode_texts
+from rlhf.core.errors import UserError
+from rlhf.core.winrates import agreement, agreement_by_group
+from rlhf.data import DROP_REASONS, length_stats, token_filter_reason, unique_prompts, write_jsonl
 from rlhf.judges import Judge, OpenAIJudge, RewardJudge, SimulatedAnnotatorJudge
-from rlhf.models import load_policy, load_reward_model, load_tokenizer
-from rlhf.plots import plot_length_distributions
-from rlhf.rewards import text_scorer
-from rlhf.rl.plan import check_context, context_size
-from rlhf.rl.prompts import unique_prompts
-from rlhf.rollout import SamplingConfig, sampling_seeds
-from rlhf.run import RunDir, write_json_atomic
-from rlhf.training import forward_map, make_accelerator
-from rlhf.winrates import agreement, agreement_by_group
+from rlhf.models.modeling import check_context, context_size, load_policy, load_reward_model, load_tokenizer
+from rlhf.models.training import forward_map, make_accelerator
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.engines import build_engine, check_engine
+from rlhf.rollout.generate import sampling_seeds
+from rlhf.rollout.rewards import text_scorer
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.config import Config
+from rlhf.stage.run import RunDir, write_json_atomic
 
 # Why a sampled pair is not written: the data stage's reasons, and the annotator's two.
 COLLECT_DROP_REASONS = (*DROP_REASONS, "annotator_tie", "annotator_invalid")

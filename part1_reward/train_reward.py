@@ -23,14 +23,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.batching import chosen_longer, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
-from rlhf.checkpoint import save_pretrained_atomic
-from rlhf.cli import run_stage, start_stage
+from rlhf.analysis.plots import plot_reward_distributions, plot_training_curves
+from rlhf.analysis.reward_analysis import accuracy_by_group, error_analysis, pearson
+from rlhf.core.batching import chosen_longer, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
+from rlhf.core.errors import UserError
+from rlhf.core.losses import bradley_terry_loss, length_heuristic_bt_loss, logprob_distillation_loss
 from rlhf.data import read_jsonl
-from rlhf.errors import UserError
-from rlhf.lora import with_lora
-from rlhf.losses import bradley_terry_loss, length_heuristic_bt_loss, logprob_distillation_loss
-from rlhf.models import (
+from rlhf.models.checkpoint import save_pretrained_atomic
+from rlhf.models.lora import with_lora
+from rlhf.models.memory import peak_memory_mb
+from rlhf.models.modeling import (
     REWARD_CONFIG_FILE,
     SharedPromptPairRewards,
     build_reward_model,
@@ -39,12 +41,10 @@ from rlhf.models import (
     load_tokenizer,
     shared_prompt_response_logprobs,
 )
-from rlhf.plots import plot_reward_distributions, plot_training_curves
-from rlhf.reward_analysis import accuracy_by_group, error_analysis, pearson
-from rlhf.rl.stats import peak_memory_mb
-from rlhf.run import write_json_atomic
-from rlhf.tracking import MetricLogger
-from rlhf.training import fit, forward_map, make_accelerator
+from rlhf.models.training import fit, forward_map, make_accelerator
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.run import write_json_atomic
+from rlhf.stage.tracking import MetricLogger
 
 
 def check_reward_config(cfg) -> None:

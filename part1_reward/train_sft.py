@@ -21,19 +21,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
-from rlhf.batching import collate_sequences, encode_demonstrations, encode_texts
-from rlhf.checkpoint import save_pretrained_atomic
-from rlhf.cli import run_stage, start_stage
+from rlhf.analysis.evaluation import rouge_l
+from rlhf.analysis.plots import plot_training_curves
+from rlhf.core.batching import collate_sequences, encode_demonstrations, encode_texts
+from rlhf.core.ops import masked_sum
 from rlhf.data import read_demonstrations, write_jsonl
-from rlhf.evaluation import rouge_l
-from rlhf.lora import with_lora
-from rlhf.models import build_policy, check_fits_context, check_model_sources, load_tokenizer, token_logprobs
-from rlhf.ops import masked_sum
-from rlhf.plots import plot_training_curves
-from rlhf.rl.stats import peak_memory_mb
-from rlhf.rollout import SamplingConfig, sample_responses
-from rlhf.tracking import MetricLogger
-from rlhf.training import fit, forward_map, make_accelerator, sft_batch_loss
+from rlhf.models.checkpoint import save_pretrained_atomic
+from rlhf.models.lora import with_lora
+from rlhf.models.memory import peak_memory_mb
+from rlhf.models.modeling import build_policy, check_fits_context, check_model_sources, load_tokenizer, token_logprobs
+from rlhf.models.training import fit, forward_map, make_accelerator, sft_batch_loss
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.generate import sample_responses
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.tracking import MetricLogger
 
 
 def validation_nll(model, examples, collate, batch_size, accelerator) -> float:

@@ -6,9 +6,9 @@ policy optimisation.
 Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, reference) and `<run>/reward/model/`
 (frozen reward model). Writes `<run>/grpo/model/` in Hugging Face format, samples.jsonl,
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
-`grpo.*` / `timing_s.grpo` in summary.json. Metric keys are defined in rlhf/rl/__init__.py.
+`grpo.*` / `timing_s.grpo` in summary.json. Metric keys are defined in rlhf/online/__init__.py.
 
-The training score comes from `grpo.reward` (rlhf/rewards.py): the reward model by default, or
+The training score comes from `grpo.reward` (rlhf/rollout/rewards.py): the reward model by default, or
 Python reward functions (DeepSeekMath's rule-based rewards; the embedded task's gold judge is
 `rlhf.task:gold_rewards`), or a weighted sum. The reward model is loaded either way: it scores
 every held-out evaluation. `grpo.eval_every` > 0 evaluates the policy on the held-out prompts along
@@ -41,31 +41,23 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.cli import run_stage, start_stage
-from rlhf.engines import build_engine, check_engine
-from rlhf.errors import UserError
-from rlhf.evaluation import sequence_kl
-from rlhf.group_rows import check_packable
-from rlhf.lora import load_trainable_policy, reference_policy
-from rlhf.losses import grpo_loss
-from rlhf.models import load_reward_model, load_tokenizer
-from rlhf.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
-from rlhf.rewards import load_reward_source
-from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
-from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
-from rlhf.rl.passes import mean_process_units, micro_batches, minibatch_indices, policy_token_pass
-from rlhf.rl.plan import check_context, check_group_packing, check_grpo_config, context_size, plan_rl, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts
-from rlhf.rl.publish import publish_rl
-from rlhf.rl.roles import check_frozen, frozen, frozen_digests
-from rlhf.rl.sampling import engine_mismatch_metrics, importance_weights, sample_train_batch
-from rlhf.rl.shaping import apply_missing_eos_penalty
-from rlhf.rl.stats import flat_reward_warning, gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, eval_sampling, rollout_logprobs, score_rollout
-from rlhf.run import stage_seed
-from rlhf.sharding import prepare_trained_model
-from rlhf.signals import checkpoint_due
-from rlhf.training import build_optimizer, build_scheduler, make_accelerator, optimizer_step
+from rlhf.analysis.evaluation import sequence_kl
+from rlhf.core.losses import grpo_loss
+from rlhf.core.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
+from rlhf.methods.passes import accumulate, check_finite_loss, minibatch_indices, weighted_micro_batches
+from rlhf.methods.plan import check_group_packing, check_grpo_config, plan_rl
+from rlhf.models.lora import load_trainable_policy, reference_policy
+from rlhf.models.modeling import load_reward_model
+from rlhf.models.roles import frozen
+from rlhf.models.training import build_optimizer, optimizer_step
+from rlhf.online.harness import OnlineStage
+from rlhf.online.sampling import engine_mismatch_metrics, importance_weights
+from rlhf.online.stats import flat_reward_warning
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.forward import rollout_logprobs
+from rlhf.rollout.layout import RowLayout
+from rlhf.rollout.packing import check_packable
+from rlhf.stage.cli import run_stage, start_stage
 
 CURVES = [
     "grpo/objective/scores",
@@ -95,29 +87,20 @@ def main(argv: list[str] | None = None) -> None:
     if started is None:
         return
     cfg, run = started
-    seed = stage_seed(cfg, "grpo")  # run.method_seed when set (part4_eval/seeds.py)
     gcfg = cfg.grpo
-    gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
-    t_start = time.perf_counter()
 
-    # 1. Reward source, prompts and batch-size rules (whole groups per process), checked before any model is loaded.
-    reward_source = load_reward_source("grpo", gcfg.reward)
-    accelerator = make_accelerator(cfg, "grpo")
-    tokenizer = load_tokenizer(run.model_dir("sft"))
-    prompts = load_rl_prompts("grpo", run, cfg, tokenizer, gcfg.eval_prompts)
-    plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(prompts.train_ids), gcfg.group_size)
+    # 1. Reward source, prompts, context (rlhf.online.harness) and batch-size rules (whole groups per process),
+    #    checked before any model is loaded.
+    batch_size = gcfg.forward_batch_size  # rows per no-grad pass
+    stage = OnlineStage("grpo", cfg, run, batch_size)
+    accelerator, device, seed = stage.accelerator, stage.device, stage.seed
+    plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(stage.prompts.train_ids), gcfg.group_size)
     check_group_packing(plan, gcfg)
-    context = context_size(run.model_dir("sft"))
-    check_context("grpo", prompts.longest, gcfg.max_new_tokens, context)
-    validation = eval_sampling(cfg)  # held-out checks decode as the test does (rlhf.rollout.eval_sampling)
-    check_context("eval", prompts.longest, validation.max_new_tokens, context)
     sampling = SamplingConfig(gcfg.max_new_tokens, gcfg.temperature, gcfg.top_p, gcfg.top_k)
     clip_high = gcfg.clip if gcfg.clip_high is None else gcfg.clip_high
-    device, rank, G = accelerator.device, accelerator.process_index, gcfg.group_size
+    G = gcfg.group_size
     on_policy = gcfg.epochs == 1 and gcfg.num_minibatches == 1  # old log-probs = new ones, detached
-    packing = G if gcfg.pack_groups else 1  # rows per forward row: a group's G responses share one prompt pass
-    set_cpu_threads("grpo", gcfg.cpu_threads, device)
-    check_engine(cfg.rollout, "grpo")
+    layout = RowLayout(G if gcfg.pack_groups else 1)  # a packed group's G responses share one prompt pass
 
     # 2. Roles: a trainable policy and a frozen reward model (it scores the held-out evaluations even
     #    when functions give the training score); a frozen reference only when beta > 0. Without one,
@@ -138,10 +121,9 @@ def main(argv: list[str] | None = None) -> None:
         "reference": reference,
         "eval_reference": eval_reference if reference is None else None,
     }
-    frozen_before = frozen_digests(frozen_roles)
-    policy, optimizer, whole = prepare_trained_model(accelerator, policy, lambda m: build_optimizer(m, gcfg))
-    scheduler = build_scheduler(optimizer, gcfg, plan.optimizer_steps)
-    engine = build_engine(cfg.rollout, "grpo", run.model_dir("sft"), tokenizer, accelerator, gcfg.forward_batch_size)
+    policy, optimizer, scheduler = stage.prepare(
+        policy, lambda m: build_optimizer(m, gcfg), plan.optimizer_steps, reward_model, frozen_roles, eval_reference
+    )
     accelerator.print(
         f"[grpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x G={G}; policy "
         f"{sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters; reference "
@@ -150,119 +132,56 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Resume from the last checkpoint written for this same config, if any.
-    state = load_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, plan.iterations)
-    iteration = resumed_from = 0 if state is None else state["iteration"]
-    logger = open_rl_logger("grpo", run, cfg, accelerator, iteration, plan.iterations)
-
-    eval_s = 0.0  # seconds of held-out evaluation inside the loop, left out of its per-sample cost
-
-    def evaluate_now() -> dict[str, float]:
-        """The current policy on the held-out prompts (RM score, gold score, KL to SFT), logged as grpo/eval/*."""
-        nonlocal eval_s
-        started = time.perf_counter()
-        measured = held_out_eval(
-            "grpo",
-            engine,
-            whole.of(policy),
-            eval_reference,
-            reward_model,
-            tokenizer,
-            prompts,
-            validation,
-            seed,
-            gcfg.forward_batch_size,
-            accelerator,
-            gold,
-        )
-        seconds = time.perf_counter() - started
-        eval_s += seconds
-        return {**measured, "grpo/time/eval_s": seconds}
-
-    loop_start = time.perf_counter()
-    if iteration == 0 and eval_due(0, gcfg.eval_every, plan.iterations):
-        logger.log(0, evaluate_now())  # the SFT policy: the origin of the reward-vs-KL curve
+    stage.resume(plan.iterations)
+    stage.start_loop()
     metrics: dict[str, float] = {}
     zero_std_shares: list[float] = []  # per iteration of this run, for flat_reward_warning
 
     # 4. Iterations: G samples per prompt, group-relative advantages, clipped updates.
-    while iteration < plan.iterations:
+    while stage.iteration < plan.iterations:
         # 4a. Rollouts from the current weights: each prompt repeated G times, consecutive rows forming its group,
         #     whole groups on one process.
         t0 = time.perf_counter()
-        local_rows, rollout = sample_train_batch(
-            engine,
-            whole.of(policy),
-            prompts,
-            plan.prompts_per_iteration,
-            iteration,
-            seed,
-            accelerator,
-            sampling,
-            G,
-        )
+        local_rows, rollout = stage.sample(plan.prompts_per_iteration, sampling, G)
         mask = rollout.response_mask  # (N, T)
         t1 = time.perf_counter()
 
-        # 4b. No-grad passes: old log-probs (only off-policy), reference log-probs (only beta > 0), scores
-        #     (reward model only when the reward spec uses it; functions score the decoded text).
-        batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
+        # 4b. No-grad passes: old log-probs (only off-policy), reference log-probs (only beta > 0); the score.
         with accelerator.autocast():
             logprobs = (
-                None
-                if on_policy
-                else rollout_logprobs(policy, rollout, gcfg.temperature, gcfg.forward_batch_size, packing)
+                None if on_policy else rollout_logprobs(policy, rollout, gcfg.temperature, batch_size, layout)
             )  # (N, T)
             ref_logprobs = (
                 None
                 if reference is None
-                else rollout_logprobs(reference, rollout, gcfg.temperature, gcfg.forward_batch_size, packing)
+                else rollout_logprobs(reference, rollout, gcfg.temperature, batch_size, layout)
             )
-            rm_scores = (
-                score_rollout(reward_model, rollout, gcfg.forward_batch_size, group_size=packing)
-                if reward_source.uses_model
-                else None
-            )  # (N,)
-        raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (N,), {term: (N,)}
-        scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, gcfg.missing_eos_penalty)  # (N,)
+        scored = stage.score(rollout, local_rows, batch_size, layout)
+        scores = scored.scores  # (N,)
 
         # 4c. Group-relative advantages (DeepSeekMath section 4.1.2; Dr. GRPO without the std).
         advantages, zero_std = group_advantages(scores, G, scale=gcfg.scale_rewards)  # (N,), (N / G,)
         t2 = time.perf_counter()
 
-        # 4d. Epochs over minibatches; micro-batches weighted to reproduce the chosen normalisation over all processes.
+        # 4d. Epochs over minibatches; micro-batches weighted to reproduce the chosen normalisation over all
+        #     processes, their metrics weighted by their share of the minibatch's tokens (`weighted_micro_batches`).
         policy.train()
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + iteration * 101 + rank)
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + stage.iteration * 101 + accelerator.process_index)
         seen_logprobs = torch.zeros_like(mask, dtype=torch.float32) if on_policy else logprobs  # for the KL metric
         stats: dict[str, list[torch.Tensor]] = {}
         for _ in range(gcfg.epochs):
-            for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator, packing):
-                units = mean_process_units(accelerator, mask[minibatch], gcfg.loss_normalization)
-                # Token-mean metrics weigh a micro-batch by its share of the minibatch's tokens on all processes
-                # (times their number, as the loss weights), whatever the loss normalisation: so they are the
-                # minibatch's token means, not depending on which rows share a micro-batch.
-                token_units = (
-                    units
-                    if gcfg.loss_normalization == "token"
-                    else mean_process_units(accelerator, mask[minibatch], "token")
-                )
-                micro = micro_batches(
-                    minibatch.to(device),
-                    rollout.lengths,
-                    mask,
-                    plan.micro_batch_size,
-                    gcfg.loss_normalization,
-                    units,
-                    packing,
+            for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator, layout):
+                micro = weighted_micro_batches(
+                    accelerator, minibatch.to(device), rollout, plan.micro_batch_size, gcfg.loss_normalization, layout
                 )
                 step_stats: dict[str, torch.Tensor] = {}
-                for k, (rows, t, weight) in enumerate(micro):
+                for k, (rows, t, weight, token_share) in enumerate(micro):
                     micro_mask = mask[rows, :t]  # (b, t)
                     with accelerator.no_sync(policy) if k < len(micro) - 1 else nullcontext():
-                        new_logprobs, token_entropy = policy_token_pass(
-                            policy, rollout, rows, gcfg.temperature, packing
+                        new_logprobs, token_entropy = layout.training_pass(
+                            policy, rollout.select(rows), gcfg.temperature
                         )  # (b, t) each
                         old_logprobs = new_logprobs.detach() if on_policy else logprobs[rows, :t]
-                        weights = importance_weights(rollout, old_logprobs, rows, t, cfg.rollout.tis_cap)
                         loss, loss_stats = grpo_loss(
                             new_logprobs,
                             old_logprobs,
@@ -273,35 +192,28 @@ def main(argv: list[str] | None = None) -> None:
                             clip_high,
                             gcfg.kl_coef,
                             gcfg.loss_normalization,
-                            weights,
+                            importance_weights(rollout, old_logprobs, rows, t, cfg.rollout.tis_cap),
                         )
-                        if not torch.isfinite(loss):
-                            raise UserError(
-                                f"grpo: non-finite loss at iteration {iteration + 1}; lower grpo.lr "
-                                f"(last good checkpoint: {run.checkpoint_dir('grpo')})"
-                            )
+                        check_finite_loss("grpo", loss, stage.iteration, run)
                         accelerator.backward(loss * weight)
                     if on_policy:
                         seen_logprobs[rows, :t] = torch.where(micro_mask, new_logprobs.detach(), 0.0)
-                    token_weight = float(micro_mask.sum()) / token_units if token_units else 0.0
-                    micro_stats = {  # (value, weight): the loss as optimised, the others as token means
-                        "train/loss": (loss, weight),
-                        "policy/approxkl": (loss_stats["approxkl"], token_weight),
-                        "policy/clipfrac": (loss_stats["clipfrac"], token_weight),
-                        "policy/ratio_mean": (loss_stats["ratio_mean"], token_weight),
-                        "policy/k3_kl": (loss_stats["kl"], token_weight),
-                        "objective/entropy": (masked_mean(token_entropy, micro_mask), token_weight),
+                    accumulate(step_stats, {"train/loss": loss}, weight)  # the loss as optimised
+                    token_means = {
+                        "policy/approxkl": loss_stats["approxkl"],
+                        "policy/clipfrac": loss_stats["clipfrac"],
+                        "policy/ratio_mean": loss_stats["ratio_mean"],
+                        "policy/k3_kl": loss_stats["kl"],
+                        "objective/entropy": masked_mean(token_entropy, micro_mask),
                     }
-                    for key, (value, share) in micro_stats.items():
-                        step_stats[key] = step_stats.get(key, 0.0) + share * value.detach().float()
+                    accumulate(step_stats, token_means, token_share)
                 grad_norm = optimizer_step(accelerator, policy, optimizer, scheduler, gcfg.max_grad_norm)
                 if grad_norm is not None:
                     step_stats["train/grad_norm"] = grad_norm
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(value)
         t3 = time.perf_counter()
-        iteration += 1
-        logger.advance()
+        iteration = stage.advance()
 
         # 4e. Metrics (means over processes; variances and correlations over all rollouts), samples, checkpoint.
         advantage_moments = accelerator.reduce(masked_moments(advantages, torch.ones_like(mask[:, 0])), reduction="sum")
@@ -309,114 +221,39 @@ def main(argv: list[str] | None = None) -> None:
             "objective/scores": scores.mean(),
             "objective/zero_std_groups": zero_std.float().mean(),
             "objective/advantage_std": moments_mean_var(advantage_moments)[1].sqrt(),
-            **response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, scores)), t1 - t0),
+            **stage.sample_metrics(rollout, scores, t1 - t0, scored.prompts, scored.responses),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
-            **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
+            **{f"reward/{name}": term.mean() for name, term in scored.terms.items()},
             **engine_mismatch_metrics(rollout, seen_logprobs),  # the engine's log-probs vs the trainer's
         }
-        if gold:  # the gold judge on the training samples: over-optimisation shows here first
-            local.update(gold_metrics(batch_prompts, responses))
         if ref_logprobs is not None:
             local["objective/kl"] = sequence_kl(seen_logprobs, ref_logprobs, mask).mean()
-        metrics = {
-            f"grpo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item()
-            for key, value in local.items()
-        }
-        metrics.update(
-            {
-                "grpo/train/lr": scheduler.get_last_lr()[0],
-                "grpo/time/generate_s": t1 - t0,
-                "grpo/time/score_s": t2 - t1,
-                "grpo/time/train_s": t3 - t2,
-                "grpo/memory/peak_mb": peak_memory_mb(device)[0],
-                "grpo/train/episodes": iteration * gcfg.batch_size,
-            }
-        )
-        logger.log(iteration, metrics, postfix=("grpo/objective/scores", "grpo/objective/zero_std_groups"))
+        seconds = {"generate": t1 - t0, "score": t2 - t1, "train": t3 - t2}
+        metrics = stage.metrics(local, seconds, iteration * gcfg.batch_size)
         zero_std_shares.append(metrics["grpo/objective/zero_std_groups"])
-        if accelerator.is_main_process and (warning := flat_reward_warning(zero_std_shares, reward_source.spec, G)):
-            tqdm.write(warning, file=sys.stderr)
-        if eval_due(
-            iteration, gcfg.eval_every, plan.iterations
-        ):  # before the checkpoint, so a resumed run has this row
-            logger.log(iteration, evaluate_now())
-        if (
-            accelerator.is_main_process
-            and gcfg.samples_every
-            and (iteration % gcfg.samples_every == 0 or iteration == 1)
+        if accelerator.is_main_process and (
+            warning := flat_reward_warning(zero_std_shares, stage.reward_source.spec, G)
         ):
-            n = gcfg.num_samples
-            append_samples(
-                run.stage("grpo") / "samples.jsonl",
-                iteration,
-                batch_prompts[:n],
-                responses[:n],
-                scores[:n].tolist(),
-                rollout.finished[:n].tolist(),
-                gold,
-            )
-        if checkpoint_due(accelerator, gcfg.save_every, iteration, plan.iterations):
-            save_rl_checkpoint("grpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
-    unwrapped = whole.of(policy)
-    costs = loop_costs(
-        time.perf_counter() - loop_start - eval_s,
-        (iteration - resumed_from) * gcfg.batch_size,
-        device,
-        [unwrapped, reward_model] + ([eval_reference] if eval_reference is not None else []),
-        [optimizer],
-    )
-    check_frozen("grpo", frozen_roles, frozen_before)
+            tqdm.write(warning, file=sys.stderr)
+        stage.end_iteration(
+            metrics,
+            ("grpo/objective/scores", "grpo/objective/zero_std_groups"),
+            (scored.prompts, scored.responses, scores.tolist(), rollout.finished.tolist()),
+        )
 
-    # 5. Final policy vs SFT on held-out prompts: the test's decoding and the same seed for both. The SFT
-    #    policy is loaded now if nothing loaded it yet (peak memory was read above).
-    sft_policy = (
-        eval_reference if eval_reference is not None else reference_policy(unwrapped, run.model_dir("sft"), device)
-    )
-    results, eval_samples = evaluate_against_sft(
-        engine,
-        unwrapped,
-        sft_policy,
-        reward_model,
-        tokenizer,
-        prompts,
-        validation,
-        seed,
-        gcfg.forward_batch_size,
-        accelerator,
-        gold,
-    )
-    trained = resumed_from < iteration
-    results.update(
-        {
-            "iterations": iteration,
-            "episodes": iteration * gcfg.batch_size,
-            "resumed_from_iteration": resumed_from,
-            "group_size": G,
-            "reference_loaded_for_training": reference is not None,
-            "reward_source": reward_source.spec,
-            "train_score_mean": metrics.get("grpo/objective/scores") if trained else None,
-            "train_zero_std_groups": metrics.get("grpo/objective/zero_std_groups") if trained else None,
-            **costs,
-            "frozen_roles_unchanged": True,
-        }
-    )
-    logger.log(iteration, eval_metrics("grpo", results))
-
-    # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    publish_rl(
-        "grpo",
-        run,
-        cfg,
-        accelerator,
-        logger,
-        unwrapped,
-        tokenizer,
-        results,
-        eval_samples,
-        CURVES + (EVAL_CURVES if gcfg.eval_every else []),
-        t_start,
-        {"iterations": iteration},
-    )
+    # 5-6. Final policy vs SFT on held-out prompts (the test's decoding, the same seed for both); publish the HF
+    #      policy, evaluation samples, curves and summary, then mark complete.
+    summary = {
+        "iterations": stage.iteration,
+        "episodes": stage.iteration * gcfg.batch_size,
+        "resumed_from_iteration": stage.resumed_from,
+        "group_size": G,
+        "reference_loaded_for_training": reference is not None,
+        "reward_source": stage.reward_source.spec,
+        "train_score_mean": metrics.get("grpo/objective/scores") if stage.trained else None,
+        "train_zero_std_groups": metrics.get("grpo/objective/zero_std_groups") if stage.trained else None,
+    }
+    stage.finish(gcfg.batch_size, summary, CURVES + (EVAL_CURVES if gcfg.eval_every else []))
 
 
 if __name__ == "__main__":

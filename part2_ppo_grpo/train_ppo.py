@@ -6,9 +6,9 @@ Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, frozen reference
 `<run>/reward/model/` (frozen reward model, critic init). Writes `<run>/ppo/model/` in Hugging
 Face format, samples.jsonl (training samples every `ppo.samples_every` iterations),
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
-`ppo.*` / `timing_s.ppo` in summary.json. Metric keys are defined in rlhf/rl/__init__.py.
+`ppo.*` / `timing_s.ppo` in summary.json. Metric keys are defined in rlhf/online/__init__.py.
 
-The training score comes from `ppo.reward` (rlhf/rewards.py): the reward model by default, or
+The training score comes from `ppo.reward` (rlhf/rollout/rewards.py): the reward model by default, or
 Python reward functions such as the embedded task's gold judge, or a weighted sum. The reward
 model is loaded either way: it initialises the critic and scores every held-out evaluation.
 `ppo.eval_every` > 0 evaluates the policy on the held-out prompts along training as well.
@@ -38,51 +38,36 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.cli import run_stage, start_stage
-from rlhf.engines import build_engine, check_engine
-from rlhf.errors import UserError
-from rlhf.evaluation import sequence_kl
-from rlhf.lora import load_trainable_policy, ppo_critic_and_reward, reference_policy
-from rlhf.losses import ppo_policy_loss, ppo_value_loss
-from rlhf.models import PolicyAndValue, load_tokenizer
-from rlhf.ops import (
+from rlhf.analysis.evaluation import sequence_kl
+from rlhf.core.losses import ppo_policy_loss, ppo_value_loss
+from rlhf.core.ops import (
     explained_variance,
     explained_variance_moments,
     gae_advantages,
     masked_mean,
     masked_moments,
     masked_whiten,
-)
-from rlhf.rewards import load_reward_source
-from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
-from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
-from rlhf.rl.passes import (
-    align_values,
-    build_ppo_optimizer,
-    mean_process_units,
-    micro_batches,
-    minibatch_indices,
     shifted_entropy,
     shifted_logprobs,
 )
-from rlhf.rl.plan import check_context, check_ppo_config, context_size, plan_rl, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts
-from rlhf.rl.publish import publish_rl
-from rlhf.rl.roles import check_frozen, frozen_digests
-from rlhf.rl.sampling import engine_mismatch_metrics, importance_weights, sample_train_batch
-from rlhf.rl.shaping import apply_missing_eos_penalty, make_kl_controller, shape_rewards
-from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import (
-    SamplingConfig,
-    eval_sampling,
-    forward_in_chunks,
-    rollout_logprobs,
-    score_rollout,
+from rlhf.methods.passes import (
+    accumulate,
+    align_values,
+    build_ppo_optimizer,
+    check_finite_loss,
+    minibatch_indices,
+    weighted_micro_batches,
 )
-from rlhf.run import stage_seed
-from rlhf.sharding import prepare_trained_model
-from rlhf.signals import checkpoint_due
-from rlhf.training import build_scheduler, make_accelerator, optimizer_step
+from rlhf.methods.plan import check_ppo_config, plan_rl
+from rlhf.methods.shaping import make_kl_controller, shape_rewards
+from rlhf.models.lora import load_trainable_policy, ppo_critic_and_reward, reference_policy
+from rlhf.models.modeling import PolicyAndValue
+from rlhf.models.training import optimizer_step
+from rlhf.online.harness import OnlineStage
+from rlhf.online.sampling import engine_mismatch_metrics, importance_weights
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.forward import forward_in_chunks, rollout_logprobs
+from rlhf.stage.cli import run_stage, start_stage
 
 CURVES = [
     "ppo/objective/scores",
@@ -125,26 +110,16 @@ def main(argv: list[str] | None = None) -> None:
     if started is None:
         return
     cfg, run = started
-    seed = stage_seed(cfg, "ppo")  # run.method_seed when set (part4_eval/seeds.py)
     pcfg = cfg.ppo
-    gold = cfg.data.path == "embedded"  # the embedded task has a gold judge
-    t_start = time.perf_counter()
+    batch_size = pcfg.forward_batch_size  # rows per no-grad pass
 
-    # 1. Reward source, prompts and batch-size rules, checked before any model is loaded.
-    reward_source = load_reward_source("ppo", pcfg.reward)
-    accelerator = make_accelerator(cfg, "ppo")
-    tokenizer = load_tokenizer(run.model_dir("sft"))
-    prompts = load_rl_prompts("ppo", run, cfg, tokenizer, pcfg.eval_prompts)
-    plan = plan_rl("ppo", pcfg, accelerator.num_processes, len(prompts.train_ids))
-    context = context_size(run.model_dir("sft"))
-    check_context("ppo", prompts.longest, pcfg.max_new_tokens, context)
-    validation = eval_sampling(cfg)  # held-out checks decode as the test does (rlhf.rollout.eval_sampling)
-    check_context("eval", prompts.longest, validation.max_new_tokens, context)
+    # 1. Reward source, prompts, context (rlhf.online.harness) and batch-size rules, checked before any model is
+    #    loaded.
+    stage = OnlineStage("ppo", cfg, run, batch_size)
+    accelerator, device, seed = stage.accelerator, stage.device, stage.seed
+    plan = plan_rl("ppo", pcfg, accelerator.num_processes, len(stage.prompts.train_ids))
     sampling = SamplingConfig(pcfg.max_new_tokens, pcfg.temperature, pcfg.top_p, pcfg.top_k)
     clip_high = pcfg.clip if pcfg.clip_high is None else pcfg.clip_high
-    device, rank = accelerator.device, accelerator.process_index
-    set_cpu_threads("ppo", pcfg.cpu_threads, device)
-    check_engine(cfg.rollout, "ppo")
 
     # 2. Four roles, dropout off in every one (load_* disable it): trainable policy and critic in one
     #    module (one optimizer, one checkpoint), frozen reference and reward model.
@@ -154,11 +129,15 @@ def main(argv: list[str] | None = None) -> None:
     policy = load_trainable_policy(run.model_dir("sft"), lora)
     model = PolicyAndValue(policy, critic)
     reference = reference_policy(policy, run.model_dir("sft"), device)
-    frozen_roles = {"reference": reference, "reward": reward_model}
-    frozen_before = frozen_digests(frozen_roles)
-    model, optimizer, whole = prepare_trained_model(accelerator, model, lambda m: build_ppo_optimizer(m, pcfg))
-    scheduler = build_scheduler(optimizer, pcfg, plan.optimizer_steps)
-    engine = build_engine(cfg.rollout, "ppo", run.model_dir("sft"), tokenizer, accelerator, pcfg.forward_batch_size)
+    model, optimizer, scheduler = stage.prepare(
+        model,
+        lambda m: build_ppo_optimizer(m, pcfg),
+        plan.optimizer_steps,
+        reward_model,
+        {"reference": reference, "reward": reward_model},
+        reference,
+        policy_of=lambda trained: trained.policy,
+    )
     kl_controller = make_kl_controller(pcfg)
     accelerator.print(
         f"[ppo] {plan.iterations} iterations x {pcfg.batch_size} episodes; policy "
@@ -167,72 +146,27 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Resume from the last checkpoint written for this same config, if any.
-    state = load_rl_checkpoint("ppo", run, cfg, accelerator, model, optimizer, scheduler, plan.iterations)
-    iteration = resumed_from = 0 if state is None else state["iteration"]
+    state = stage.resume(plan.iterations)
     if state is not None:
         kl_controller.value = state["kl_coef"]
-    logger = open_rl_logger("ppo", run, cfg, accelerator, iteration, plan.iterations)
-
-    eval_s = 0.0  # seconds of held-out evaluation inside the loop, left out of its per-sample cost
-
-    def evaluate_now() -> dict[str, float]:
-        """The current policy on the held-out prompts (RM score, gold score, KL to SFT), logged as ppo/eval/*."""
-        nonlocal eval_s
-        started = time.perf_counter()
-        measured = held_out_eval(
-            "ppo",
-            engine,
-            whole.of(model).policy,
-            reference,
-            reward_model,
-            tokenizer,
-            prompts,
-            validation,
-            seed,
-            pcfg.forward_batch_size,
-            accelerator,
-            gold,
-        )
-        seconds = time.perf_counter() - started
-        eval_s += seconds
-        return {**measured, "ppo/time/eval_s": seconds}
-
-    loop_start = time.perf_counter()
-    if iteration == 0 and eval_due(0, pcfg.eval_every, plan.iterations):
-        logger.log(0, evaluate_now())  # the SFT policy: the origin of the reward-vs-KL curve
+    stage.start_loop()
     metrics: dict[str, float] = {}
 
     # 4. Iterations: sample, score, shape rewards, estimate advantages, optimise.
-    while iteration < plan.iterations:
+    while stage.iteration < plan.iterations:
         # 4a. Rollouts from the current policy's weights.
         t0 = time.perf_counter()
         model.eval()
-        local_rows, rollout = sample_train_batch(
-            engine,
-            whole.of(model).policy,
-            prompts,
-            plan.prompts_per_iteration,
-            iteration,
-            seed,
-            accelerator,
-            sampling,
-        )
+        local_rows, rollout = stage.sample(plan.prompts_per_iteration, sampling)
         mask = rollout.response_mask  # (B, T)
         t1 = time.perf_counter()
 
-        # 4b. No-grad passes in large chunks: policy log-probs and values, reference log-probs, scores
-        #     (reward model only when the reward spec uses it; functions score the decoded text).
-        batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
+        # 4b. No-grad passes in large chunks: policy log-probs and values, reference log-probs; the score.
         with accelerator.autocast():
-            logprobs, values = policy_and_values(
-                model, rollout, pcfg.temperature, pcfg.forward_batch_size
-            )  # (B, T) each
-            ref_logprobs = rollout_logprobs(reference, rollout, pcfg.temperature, pcfg.forward_batch_size)  # (B, T)
-            rm_scores = (
-                score_rollout(reward_model, rollout, pcfg.forward_batch_size) if reward_source.uses_model else None
-            )  # (B,)
-        raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)  # (B,), {term: (B,)}
-        scores = apply_missing_eos_penalty(raw_scores.to(device), rollout.finished, pcfg.missing_eos_penalty)  # (B,)
+            logprobs, values = policy_and_values(model, rollout, pcfg.temperature, batch_size)  # (B, T) each
+            ref_logprobs = rollout_logprobs(reference, rollout, pcfg.temperature, batch_size)  # (B, T)
+        scored = stage.score(rollout, local_rows, batch_size)
+        scores = scored.scores  # (B,)
 
         # 4c. Per-token rewards (KL penalty + score at the last token), GAE, whitened advantages; whitening
         #     takes its mean and variance over every process's rollouts (moments summed over processes).
@@ -249,17 +183,16 @@ def main(argv: list[str] | None = None) -> None:
         # 4d. PPO epochs over minibatches; micro-batches weighted by their share of the minibatch's tokens
         #     over all processes.
         model.train()
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + iteration * 101 + rank)
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + stage.iteration * 101 + accelerator.process_index)
         stats: dict[str, list[torch.Tensor]] = {}
         kl_stopped = False
         for _ in range(pcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, pcfg.num_minibatches, generator):
-                units = mean_process_units(accelerator, mask[minibatch], "token")
-                micro = micro_batches(
-                    minibatch.to(device), rollout.lengths, mask, plan.micro_batch_size, "token", units
+                micro = weighted_micro_batches(
+                    accelerator, minibatch.to(device), rollout, plan.micro_batch_size, "token"
                 )
                 step_stats: dict[str, torch.Tensor] = {}
-                for k, (rows, t, weight) in enumerate(micro):
+                for k, (rows, t, weight, _) in enumerate(micro):
                     input_ids, micro_mask = rollout.input_ids[rows, :t], mask[rows, :t]  # (b, t) each
                     with accelerator.no_sync(model) if k < len(micro) - 1 else nullcontext():
                         logits, position_values = model(input_ids, rollout.attention_mask[rows, :t])
@@ -280,11 +213,7 @@ def main(argv: list[str] | None = None) -> None:
                         with torch.set_grad_enabled(pcfg.entropy_coef > 0):
                             entropy = masked_mean(shifted_entropy(logits, pcfg.temperature), micro_mask)
                         loss = pg_loss + pcfg.vf_coef * vf_loss - pcfg.entropy_coef * entropy
-                        if not torch.isfinite(loss):
-                            raise UserError(
-                                f"ppo: non-finite loss at iteration {iteration + 1}; lower ppo.lr "
-                                f"(last good checkpoint: {run.checkpoint_dir('ppo')})"
-                            )
+                        check_finite_loss("ppo", loss, stage.iteration, run)
                         accelerator.backward(loss * weight)
                     micro_stats = {
                         "train/loss": loss,
@@ -296,8 +225,7 @@ def main(argv: list[str] | None = None) -> None:
                         "val/value_mean": vf_stats["value_mean"],
                         "objective/entropy": entropy,
                     }
-                    for key, value in micro_stats.items():
-                        step_stats[key] = step_stats.get(key, 0.0) + weight * value.detach().float()
+                    accumulate(step_stats, micro_stats, weight)
                 grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, pcfg.max_grad_norm)
                 if grad_norm is not None:
                     step_stats["train/grad_norm"] = grad_norm
@@ -315,8 +243,7 @@ def main(argv: list[str] | None = None) -> None:
         seq_kl = sequence_kl(logprobs, ref_logprobs, mask)  # (B,)
         mean_kl = accelerator.reduce(seq_kl.mean(), reduction="mean").item()
         kl_controller.update(mean_kl, pcfg.batch_size)
-        iteration += 1
-        logger.advance()
+        iteration = stage.advance()
 
         # 4f. Metrics (means over processes; variances and correlations over all rollouts), samples, checkpoint.
         non_score = -kl_coef * seq_kl  # (B,)
@@ -327,109 +254,34 @@ def main(argv: list[str] | None = None) -> None:
             "objective/non_score_reward": non_score.mean(),
             "objective/rlhf_reward": (scores + non_score).mean(),
             "val/explained_variance": explained_variance(values, returns, mask, moments=ev_moments),
-            **response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, scores)), t1 - t0),
+            **stage.sample_metrics(rollout, scores, t1 - t0, scored.prompts, scored.responses),
             **{key: torch.stack(values).mean() for key, values in stats.items()},
-            **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
+            **{f"reward/{name}": term.mean() for name, term in scored.terms.items()},
             **engine_mismatch_metrics(rollout, logprobs),  # the engine's log-probs vs the trainer's
         }
-        if gold:  # the gold judge on the training samples: over-optimisation shows here first
-            local.update(gold_metrics(batch_prompts, responses))
-        metrics = {
-            f"ppo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item()
-            for key, value in local.items()
-        }
-        metrics.update(
-            {
-                "ppo/objective/kl_coef": kl_coef,
-                "ppo/policy/kl_stopped": float(kl_stopped),
-                "ppo/train/lr": scheduler.get_last_lr()[0],
-                "ppo/time/generate_s": t1 - t0,
-                "ppo/time/score_s": t2 - t1,
-                "ppo/time/train_s": t3 - t2,
-                "ppo/memory/peak_mb": peak_memory_mb(device)[0],
-                "ppo/train/episodes": iteration * pcfg.batch_size,
-            }
+        seconds = {"generate": t1 - t0, "score": t2 - t1, "train": t3 - t2}
+        controller = {"objective/kl_coef": kl_coef, "policy/kl_stopped": float(kl_stopped)}
+        metrics = stage.metrics(local, seconds, iteration * pcfg.batch_size, controller)
+        stage.end_iteration(
+            metrics,
+            ("ppo/objective/scores", "ppo/objective/kl"),
+            (scored.prompts, scored.responses, scores.tolist(), rollout.finished.tolist()),
+            kl_coef=kl_controller.value,
         )
-        logger.log(iteration, metrics, postfix=("ppo/objective/scores", "ppo/objective/kl"))
-        if eval_due(
-            iteration, pcfg.eval_every, plan.iterations
-        ):  # before the checkpoint, so a resumed run has this row
-            logger.log(iteration, evaluate_now())
-        if (
-            accelerator.is_main_process
-            and pcfg.samples_every
-            and (iteration % pcfg.samples_every == 0 or iteration == 1)
-        ):
-            n = pcfg.num_samples
-            append_samples(
-                run.stage("ppo") / "samples.jsonl",
-                iteration,
-                batch_prompts[:n],
-                responses[:n],
-                scores[:n].tolist(),
-                rollout.finished[:n].tolist(),
-                gold,
-            )
-        if checkpoint_due(accelerator, pcfg.save_every, iteration, plan.iterations):
-            save_rl_checkpoint(
-                "ppo", run, cfg, accelerator, model, optimizer, scheduler, iteration, kl_coef=kl_controller.value
-            )
-    unwrapped = whole.of(model)
-    costs = loop_costs(
-        time.perf_counter() - loop_start - eval_s,
-        (iteration - resumed_from) * pcfg.batch_size,
-        device,
-        [unwrapped, reference, reward_model],
-        [optimizer],
-    )
-    check_frozen("ppo", frozen_roles, frozen_before)
 
-    # 5. Final policy vs SFT on held-out prompts: the test's decoding and the same seed for both.
-    results, eval_samples = evaluate_against_sft(
-        engine,
-        unwrapped.policy,
-        reference,
-        reward_model,
-        tokenizer,
-        prompts,
-        validation,
-        seed,
-        pcfg.forward_batch_size,
-        accelerator,
-        gold,
-    )
-    trained = resumed_from < iteration
-    results.update(
-        {
-            "iterations": iteration,
-            "episodes": iteration * pcfg.batch_size,
-            "resumed_from_iteration": resumed_from,
-            "final_kl_coef": kl_controller.value,
-            "train_score_mean": metrics["ppo/objective/scores"] if trained else None,
-            "train_kl": metrics["ppo/objective/kl"] if trained else None,
-            **costs,
-            "frozen_roles_unchanged": True,
-            "value_model": pcfg.value_model,
-            "reward_source": reward_source.spec,
-        }
-    )
-    logger.log(iteration, eval_metrics("ppo", results))
-
-    # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    publish_rl(
-        "ppo",
-        run,
-        cfg,
-        accelerator,
-        logger,
-        unwrapped.policy,
-        tokenizer,
-        results,
-        eval_samples,
-        CURVES + (EVAL_CURVES if pcfg.eval_every else []),
-        t_start,
-        {"iterations": iteration},
-    )
+    # 5-6. Final policy vs SFT on held-out prompts (the test's decoding, the same seed for both); publish the HF
+    #      policy, evaluation samples, curves and summary, then mark complete.
+    summary = {
+        "iterations": stage.iteration,
+        "episodes": stage.iteration * pcfg.batch_size,
+        "resumed_from_iteration": stage.resumed_from,
+        "final_kl_coef": kl_controller.value,
+        "train_score_mean": metrics["ppo/objective/scores"] if stage.trained else None,
+        "train_kl": metrics["ppo/objective/kl"] if stage.trained else None,
+        "value_model": pcfg.value_model,
+        "reward_source": stage.reward_source.spec,
+    }
+    stage.finish(pcfg.batch_size, summary, CURVES + (EVAL_CURVES if pcfg.eval_every else []))
 
 
 if __name__ == "__main__":

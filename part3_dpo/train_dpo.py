@@ -7,14 +7,14 @@ Reads `<run>/data/` (and the collect stage's pairs of SFT samples when dpo.pairs
 reference IS the SFT model (Rafailov et al. 2023, section 4: pi_ref = pi_SFT). Writes
 `<run>/dpo/model/` in Hugging Face format, plus samples, curves and `dpo.*` in summary.json.
 
-The loss is `rlhf.losses.DPO_LOSSES[dpo.loss_type]` ("sigmoid" DPO, "ipo", "cdpo") on per-sequence
+The loss is `rlhf.core.losses.DPO_LOSSES[dpo.loss_type]` ("sigmoid" DPO, "ipo", "cdpo") on per-sequence
 log-probs of the response tokens and EOS; IPO gets length-averaged log-probs
 (`DPO_AVERAGES_LOGPS`). With `dpo.length_heuristic` = w > 0 (sigmoid only) the labels are read as a rater who
-picks the longer response with probability w (`rlhf.losses.length_heuristic_dpo_loss`), so DPO does not learn
+picks the longer response with probability w (`rlhf.core.losses.length_heuristic_dpo_loss`), so DPO does not learn
 "longer is better" from them. With `dpo.rpo_alpha` > 0 the chosen responses' per-token NLL is added, times
-rpo_alpha (RPO, Pang et al. 2024, arXiv 2404.19733; `rlhf.losses.chosen_nll_loss`). The implicit reward of a
+rpo_alpha (RPO, Pang et al. 2024, arXiv 2404.19733; `rlhf.core.losses.chosen_nll_loss`). The implicit reward of a
 response is beta * (log pi - log pi_ref). A pair is one `[prompt][chosen][rejected]` row
-(`rlhf.batching.collate_shared_prompt_pairs`, as the reward model's): the prompt is computed once for both
+(`rlhf.core.batching.collate_shared_prompt_pairs`, as the reward model's): the prompt is computed once for both
 responses, and each response token's log-prob is what its own `[prompt][response]` row gives.
 
 With `dpo.precompute_ref=true` (default) the reference log-probs of every pair are computed once,
@@ -31,42 +31,47 @@ training (`dpo/gold/*`), the curve to read when DPO moves the implicit reward bu
 
 from __future__ import annotations
 
-import hashlib
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
-from rlhf.batching import (
-    EncodedPair,
+from rlhf.analysis.plots import plot_training_curves
+from rlhf.core.batching import (
     collate_shared_prompt_pairs,
     encode_pairs,
     encode_texts,
     length_order,
     shared_prompt_pair_length,
 )
-from rlhf.checkpoint import save_pretrained_atomic
-from rlhf.cli import run_stage, start_stage
-from rlhf.config import Config
+from rlhf.core.errors import UserError
+from rlhf.core.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
+from rlhf.core.winrates import head_to_head
 from rlhf.data import read_jsonl, write_jsonl
-from rlhf.dpo import OnTheFlyReference, PrecomputedReference, Throughput, add_chosen_nll, make_loss_fn, split_logps
-from rlhf.errors import UserError
-from rlhf.lora import load_trainable_policy, reference_policy
-from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, length_heuristic_dpo_loss
-from rlhf.models import load_tokenizer
-from rlhf.plots import plot_training_curves
-from rlhf.rl.stats import head_to_head, peak_memory_mb
-from rlhf.rollout import eval_sampling, sample_responses, sampling_seeds
-from rlhf.run import stage_seed
-from rlhf.tracking import MetricLogger
-from rlhf.training import fit, forward_map, make_accelerator
+from rlhf.methods.dpo import (
+    DPOObjective,
+    OnTheFlyReference,
+    PrecomputedReference,
+    Throughput,
+    make_loss_fn,
+    split_logps,
+)
+from rlhf.methods.reference_cache import load_ref_cache, ref_cache_fingerprints, save_ref_cache, weights_sha256
+from rlhf.models.checkpoint import save_pretrained_atomic
+from rlhf.models.lora import load_trainable_policy, reference_policy
+from rlhf.models.memory import peak_memory_mb
+from rlhf.models.modeling import load_tokenizer
+from rlhf.models.training import fit, forward_map, make_accelerator
+from rlhf.rollout.batch import eval_sampling
+from rlhf.rollout.generate import sample_responses, sampling_seeds
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.config import Config
+from rlhf.stage.run import stage_seed
+from rlhf.stage.tracking import MetricLogger
 
 REF_CACHE_FILE = "ref_logps.safetensors"
 SPLITS = ("train", "val", "test")
@@ -111,48 +116,6 @@ def validate(cfg: Config) -> None:
         )
     if d.eval_prompts < 0:
         raise UserError(f"dpo.eval_prompts={d.eval_prompts} must be >= 0 (0: no held-out samples)")
-
-
-def weights_sha256(model_dir: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 24), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def ref_cache_fingerprints(
-    sft_weights: str, pairs: dict[str, list[EncodedPair]], truncation: tuple, average: bool
-) -> dict[str, str]:
-    """Per split, everything its cached numbers depend on: the reference weights, the exact token ids,
-    truncation and averaging. Per split, so changing dpo.max_train_pairs keeps val and test."""
-    fingerprints = {}
-    for split, split_pairs in pairs.items():
-        digest = hashlib.sha256(f"v1|{sft_weights}|{truncation}|average={average}|{split}:{len(split_pairs)}".encode())
-        for pair in split_pairs:
-            digest.update(repr((pair.prompt_ids, pair.chosen_ids, pair.rejected_ids)).encode())
-        fingerprints[split] = digest.hexdigest()[:16]
-    return fingerprints
-
-
-def load_ref_cache(path: Path, fingerprints: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The cached (N, 2) reference log-probs of each split whose fingerprint matches; stale splits never load."""
-    if not path.is_file():
-        return {}
-    with safe_open(str(path), framework="pt") as handle:
-        stored = handle.metadata() or {}
-        return {
-            split: handle.get_tensor(split)
-            for split in handle.keys()  # noqa: SIM118 -- safe_open handles are not iterable; .keys() is required
-            if split in fingerprints and stored.get(split) == fingerprints[split]
-        }
-
-
-def save_ref_cache(path: Path, fingerprints: dict[str, str], logps: dict[str, torch.Tensor]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in logps.items()}, str(tmp), metadata={k: fingerprints[k] for k in logps})
-    os.replace(tmp, path)  # a reader sees the old complete file or the new one, never half of one
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -267,23 +230,22 @@ def main(argv: list[str] | None = None) -> None:
         dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, reference, throughput, dcfg.length_heuristic, dcfg.rpo_alpha
     )
     has_gold = {split: "gold_chosen" in rows[split][0] for split in rows}
+    objective = DPOObjective(dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, dcfg.length_heuristic, dcfg.rpo_alpha)
 
     def evaluate_split(model, split) -> dict[str, float]:
         """Implicit-reward preference accuracy (and the loss's other stats) on a held-out split."""
         policy_logps, ref = score_split(model, split), reference.split(split)  # (N, 2) each
         cap = truncation[1]  # lengths as collated
         chosen_lengths = torch.tensor([min(len(pair.chosen_ids), cap) for pair in pairs[split]])  # (N,)
-        if dcfg.length_heuristic:
-            rejected_lengths = torch.tensor([min(len(pair.rejected_ids), cap) for pair in pairs[split]])
-            longer = length_order(chosen_lengths, rejected_lengths)  # (N,)
-            loss, stats = length_heuristic_dpo_loss(
-                policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1], dcfg.beta, longer, dcfg.length_heuristic
-            )
-        else:
-            loss, stats = DPO_LOSSES[dcfg.loss_type](
-                policy_logps[:, 0], policy_logps[:, 1], ref[:, 0], ref[:, 1], dcfg.beta, dcfg.label_smoothing
-            )
-        loss, stats = add_chosen_nll(loss, stats, policy_logps[:, 0], chosen_lengths, dcfg.rpo_alpha, average)
+        rejected_lengths = torch.tensor([min(len(pair.rejected_ids), cap) for pair in pairs[split]])  # (N,)
+        loss, stats = objective(
+            policy_logps[:, 0],
+            policy_logps[:, 1],
+            ref[:, 0],
+            ref[:, 1],
+            length_order(chosen_lengths, rejected_lengths),
+            chosen_lengths,
+        )
         metrics = {f"dpo/{split}/loss": loss.item(), **{f"dpo/{split}/{k}": v.item() for k, v in stats.items()}}
         if has_gold[split]:
             implicit_prefers_chosen = ((policy_logps[:, 0] - ref[:, 0]) > (policy_logps[:, 1] - ref[:, 1])).tolist()

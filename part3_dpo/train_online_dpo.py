@@ -5,7 +5,7 @@
 Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init and reference) and `<run>/reward/model/`
 (the default judge; it also scores the held-out evaluations). Writes `<run>/online_dpo/model/` in Hugging
 Face format, samples.jsonl (pairs), eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png,
-metrics.jsonl, and `online_dpo.*` / `timing_s.online_dpo` in summary.json. Metric keys: rlhf/online_dpo.py.
+metrics.jsonl, and `online_dpo.*` / `timing_s.online_dpo` in summary.json. Metric keys: rlhf/methods/online_dpo.py.
 
 Offline DPO (part3_dpo/train_dpo.py) learns from pairs a demonstrator wrote; once the policy moves, those
 pairs say little about what it now samples. Online DPO (Guo et al. 2024, "Direct Language Model Alignment
@@ -21,8 +21,8 @@ labels the policy's own samples instead. Each iteration:
    et al. and TRL's OnlineDPOTrainer: a fixed anchor keeps the implicit KL penalty measured from where every
    other method starts); `iteration` uses the sampling policy itself, iterative DPO's choice, which lets each
    step move beta-far from the last;
-4. `online_dpo.epochs` DPO steps on the pairs (`rlhf.losses.DPO_LOSSES`, the offline stage's loss, through
-   `rlhf.dpo.make_loss_fn`), plus `online_dpo.rpo_alpha` x the chosen samples' per-token NLL when it is set
+4. `online_dpo.epochs` DPO steps on the pairs (`rlhf.core.losses.DPO_LOSSES`, the offline stage's loss, through
+   `rlhf.methods.dpo.make_loss_fn`), plus `online_dpo.rpo_alpha` x the chosen samples' per-token NLL when it is set
    (iterative RPO, Pang et al. 2024, arXiv 2404.19733).
 One optimizer and one learning-rate schedule run across the iterations.
 """
@@ -37,16 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
-from rlhf.cli import run_stage, start_stage
-from rlhf.dpo import PrecomputedReference, local_pair_logps, make_loss_fn
-from rlhf.engines import build_engine, check_engine
-from rlhf.errors import UserError
+from rlhf.core.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
+from rlhf.core.errors import UserError
+from rlhf.core.losses import DPO_AVERAGES_LOGPS
 from rlhf.judges import OpenAIJudge, SimulatedAnnotatorJudge
-from rlhf.lora import load_trainable_policy, reference_policy
-from rlhf.losses import DPO_AVERAGES_LOGPS
-from rlhf.models import load_reward_model, load_tokenizer
-from rlhf.online_dpo import (
+from rlhf.methods.dpo import PrecomputedReference, local_pair_logps, make_loss_fn
+from rlhf.methods.online_dpo import (
     best_worst_pairs,
     check_online_dpo_config,
     pair_indices_to_rows,
@@ -54,21 +50,14 @@ from rlhf.online_dpo import (
     plan_online_dpo,
     split_micro_batches,
 )
-from rlhf.rewards import load_reward_source
-from rlhf.rl.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
-from rlhf.rl.held_out import append_samples, eval_due, eval_metrics, evaluate_against_sft, held_out_eval
-from rlhf.rl.plan import check_context, context_size, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts
-from rlhf.rl.publish import publish_rl
-from rlhf.rl.roles import check_frozen, frozen, frozen_digests
-from rlhf.rl.sampling import sample_train_batch
-from rlhf.rl.shaping import apply_missing_eos_penalty
-from rlhf.rl.stats import gold_metrics, loop_costs, peak_memory_mb, response_metrics
-from rlhf.rollout import SamplingConfig, eval_sampling, score_rollout
-from rlhf.run import stage_seed
-from rlhf.sharding import prepare_trained_model
-from rlhf.signals import checkpoint_due
-from rlhf.training import build_optimizer, build_scheduler, make_accelerator, train_step
+from rlhf.models.lora import load_trainable_policy, reference_policy
+from rlhf.models.modeling import load_reward_model
+from rlhf.models.roles import frozen
+from rlhf.models.training import build_optimizer, train_step
+from rlhf.online.harness import OnlineStage
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.run import stage_seed
 
 CURVES = [
     "online_dpo/objective/scores",
@@ -114,26 +103,16 @@ def main(argv: list[str] | None = None) -> None:
         return
     cfg, run = started
     ocfg = cfg.online_dpo
-    seed = stage_seed(cfg, "online_dpo")
-    gold = cfg.data.path == "embedded"  # the embedded task has a gold judge: logging and evaluation only
-    t_start = time.perf_counter()
+    batch_size = ocfg.forward_batch_size  # rows per no-grad pass
 
-    # 1. Judge, prompts and derived sizes, checked before any model is loaded.
-    reward_source = load_reward_source("online_dpo", ocfg.reward)
-    accelerator = make_accelerator(cfg, "online_dpo")
-    tokenizer = load_tokenizer(run.model_dir("sft"))
-    prompts = load_rl_prompts("online_dpo", run, cfg, tokenizer, ocfg.eval_prompts)
-    plan = plan_online_dpo(ocfg, accelerator.num_processes, len(prompts.train_ids))
-    context = context_size(run.model_dir("sft"))
-    check_context("online_dpo", prompts.longest, ocfg.max_new_tokens, context)
-    validation = eval_sampling(cfg)  # held-out checks decode as the test does (rlhf.rollout.eval_sampling)
-    check_context("eval", prompts.longest, validation.max_new_tokens, context)
+    # 1. Judge, prompts, context (rlhf.online.harness) and derived sizes, checked before any model is loaded.
+    stage = OnlineStage("online_dpo", cfg, run, batch_size)
+    accelerator, device, tokenizer = stage.accelerator, stage.device, stage.tokenizer
+    plan = plan_online_dpo(ocfg, accelerator.num_processes, len(stage.prompts.train_ids))
     annotator = build_pairwise_annotator(cfg, run) if ocfg.judge != "reward" else None
     sampling = SamplingConfig(ocfg.max_new_tokens, ocfg.temperature, ocfg.top_p, ocfg.top_k)
-    device, K = accelerator.device, ocfg.samples_per_prompt
+    K = ocfg.samples_per_prompt
     average = DPO_AVERAGES_LOGPS[ocfg.loss_type]
-    set_cpu_threads("online_dpo", ocfg.cpu_threads, device)
-    check_engine(cfg.rollout, "online_dpo")
 
     def collate(pairs: list[EncodedPair]) -> dict[str, torch.Tensor]:
         return collate_shared_prompt_pairs(pairs, tokenizer.pad_token_id)
@@ -144,12 +123,13 @@ def main(argv: list[str] | None = None) -> None:
     policy = load_trainable_policy(run.model_dir("sft"), cfg.model.lora.for_stage("online_dpo"))
     reward_model = frozen(load_reward_model(run.model_dir("reward")), device)
     sft_policy = reference_policy(policy, run.model_dir("sft"), device)
-    frozen_roles = {"reward": reward_model, "sft": sft_policy}
-    frozen_before = frozen_digests(frozen_roles)
-    policy, optimizer, whole = prepare_trained_model(accelerator, policy, lambda m: build_optimizer(m, ocfg))
-    scheduler = build_scheduler(optimizer, ocfg, plan.optimizer_steps)
-    engine = build_engine(
-        cfg.rollout, "online_dpo", run.model_dir("sft"), tokenizer, accelerator, ocfg.forward_batch_size
+    policy, optimizer, scheduler = stage.prepare(
+        policy,
+        lambda m: build_optimizer(m, ocfg),
+        plan.optimizer_steps,
+        reward_model,
+        {"reward": reward_model, "sft": sft_policy},
+        sft_policy,
     )
     accelerator.print(
         f"[online_dpo] {plan.iterations} iterations x {plan.prompts_per_iteration} prompts x K={K}, judge "
@@ -158,69 +138,31 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Resume from the last checkpoint written for this same config, if any (taken between iterations).
-    state = load_rl_checkpoint("online_dpo", run, cfg, accelerator, policy, optimizer, scheduler, plan.iterations)
-    iteration = resumed_from = 0 if state is None else state["iteration"]
-    logger = open_rl_logger("online_dpo", run, cfg, accelerator, iteration, plan.iterations)
-    eval_s = 0.0  # seconds of held-out evaluation inside the loop, left out of its per-sample cost
-
-    def evaluate_now() -> dict[str, float]:
-        """The current policy on the held-out prompts (RM score, gold score, KL to SFT), as online_dpo/eval/*."""
-        nonlocal eval_s
-        started = time.perf_counter()
-        measured = held_out_eval(
-            "online_dpo",
-            engine,
-            whole.of(policy),
-            sft_policy,
-            reward_model,
-            tokenizer,
-            prompts,
-            validation,
-            seed,
-            ocfg.forward_batch_size,
-            accelerator,
-            gold,
-        )
-        eval_s += time.perf_counter() - started
-        return measured
-
-    loop_start = time.perf_counter()
-    if iteration == 0 and eval_due(0, ocfg.eval_every, plan.iterations):
-        logger.log(0, evaluate_now())
+    stage.resume(plan.iterations)
+    stage.start_loop()
     metrics: dict[str, float] = {}
 
     # 4. Iterations: sample K per prompt, judge them into pairs, take DPO steps on the pairs.
-    while iteration < plan.iterations:
+    while stage.iteration < plan.iterations:
         # 4a. Samples from the current policy: prompt p's K samples in rows p*K .. p*K + K-1.
         t0 = time.perf_counter()
-        local_rows, rollout = sample_train_batch(
-            engine,
-            whole.of(policy),
-            prompts,
-            plan.prompts_per_iteration,
-            iteration,
-            seed,
-            accelerator,
-            sampling,
-            K,
-        )
+        local_rows, rollout = stage.sample(plan.prompts_per_iteration, sampling, K)
         local_batch = len(local_rows)
         t1 = time.perf_counter()
 
         # 4b. The judge: each prompt's best and worst sample by score, or the annotator's verdict on the two.
-        batch_prompts, responses = [prompts.train_texts[i] for i in local_rows], rollout.texts(tokenizer)
         response_ids = rollout.response_ids()  # EOS included when the response has one
         if annotator is None:
-            with accelerator.autocast():
-                rm_scores = (
-                    score_rollout(reward_model, rollout, ocfg.forward_batch_size) if reward_source.uses_model else None
-                )  # (P*K,)
-            raw_scores, reward_terms = reward_source.score(batch_prompts, responses, rm_scores)
-            scores = apply_missing_eos_penalty(
-                raw_scores.to(device), rollout.finished, ocfg.missing_eos_penalty
-            )  # (P*K,)
+            scored = stage.score(rollout, local_rows, batch_size)
+            batch_prompts, responses, scores, reward_terms = (
+                scored.prompts,
+                scored.responses,
+                scored.scores,
+                scored.terms,
+            )
             chosen, rejected, has_pair = best_worst_pairs(scores.view(-1, K).cpu())  # (P,) each
         else:
+            batch_prompts, responses = stage.texts(rollout, local_rows)
             reward_terms, scores = {}, None
             firsts, seconds = range(0, local_batch, 2), range(1, local_batch, 2)
             verdicts = annotator.compare(
@@ -235,16 +177,16 @@ def main(argv: list[str] | None = None) -> None:
         has_pair &= ~identical  # (P,)
         chosen_rows, rejected_rows = pair_indices_to_rows(chosen, rejected, has_pair, K)  # rows of the rollout batch
         pairs = [
-            EncodedPair(prompts.train_ids[local_rows[c]], response_ids[c], response_ids[r])
+            EncodedPair(stage.prompts.train_ids[local_rows[c]], response_ids[c], response_ids[r])
             for c, r in zip(chosen_rows, rejected_rows)
         ]
         n_pairs = int(accelerator.reduce(torch.tensor(len(pairs), device=device), reduction="sum"))
         own_pairs = len(pairs)
         if not pairs and n_pairs:  # other processes step: join them with a pair of one response with itself,
             # weighted 0 below (its DPO gradient is zero anyway: chosen and rejected log-probs move together)
-            pairs = [EncodedPair(prompts.train_ids[local_rows[0]], response_ids[0], response_ids[0])]
+            pairs = [EncodedPair(stage.prompts.train_ids[local_rows[0]], response_ids[0], response_ids[0])]
         # 4c. Reference log-probs of the pairs: the SFT policy, or the sampling policy itself (no grad either way).
-        ref_model = sft_policy if ocfg.reference == "sft" else whole.of(policy)
+        ref_model = sft_policy if ocfg.reference == "sft" else stage.policy()
         ref_logps = local_pair_logps(ref_model, pairs, collate, ocfg.forward_batch_size, accelerator, average)
         reference = PrecomputedReference({"train": ref_logps})  # (n, 2), looked up by batch["index"]
         t2 = time.perf_counter()
@@ -271,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             step_stats = train_step(
                 "online_dpo",
                 run,
-                iteration * ocfg.epochs + epoch,
+                stage.iteration * ocfg.epochs + epoch,
                 accelerator,
                 policy,
                 optimizer,
@@ -284,8 +226,7 @@ def main(argv: list[str] | None = None) -> None:
             for key, value in step_stats.items():
                 train_stats.setdefault(key, []).append(value)
         t3 = time.perf_counter()
-        iteration += 1
-        logger.advance()
+        iteration = stage.advance()
 
         # 4e. Metrics (means over processes), a few pairs, checkpoint.
         # per-pair means over all processes' pairs (processes keep different numbers); per-row ones over equal shares
@@ -305,102 +246,41 @@ def main(argv: list[str] | None = None) -> None:
         if scores is not None:
             local["objective/scores"] = scores.mean()
         shown_scores = scores if scores is not None else torch.zeros(local_batch, device=device)
-        local.update(
-            response_metrics(*accelerator.gather((rollout.response_lengths, rollout.finished, shown_scores)), t1 - t0)
+        # (the gold judge's metrics are logging only: it never labels or selects what online DPO trains on)
+        local.update(stage.sample_metrics(rollout, shown_scores, t1 - t0, batch_prompts, responses))
+        seconds = {"generate": t1 - t0, "judge": t2 - t1, "train": t3 - t2}
+        metrics = stage.metrics(local, seconds, iteration * ocfg.batch_size)
+        pair_rows = [row for pair in zip(chosen_rows, rejected_rows) for row in pair]  # chosen, then rejected
+        stage.end_iteration(
+            metrics,
+            ("online_dpo/pairs/kept_rate", "online_dpo/train/loss"),
+            (
+                [batch_prompts[row] for row in pair_rows],
+                [responses[row] for row in pair_rows],
+                [float(scores[row]) if scores is not None else float("nan") for row in pair_rows],
+                [bool(rollout.finished[row]) for row in pair_rows],
+            ),
+            rows_per_sample=2,
         )
-        if gold:  # logging only: the gold judge never labels or selects what online DPO trains on
-            local.update(gold_metrics(batch_prompts, responses))
-        metrics = {
-            f"online_dpo/{key}": accelerator.reduce(value.float().to(device), reduction="mean").item()
-            for key, value in local.items()
-        }
-        metrics.update(
-            {
-                "online_dpo/train/lr": scheduler.get_last_lr()[0],
-                "online_dpo/time/generate_s": t1 - t0,
-                "online_dpo/time/judge_s": t2 - t1,
-                "online_dpo/time/train_s": t3 - t2,
-                "online_dpo/memory/peak_mb": peak_memory_mb(device)[0],
-                "online_dpo/train/episodes": iteration * ocfg.batch_size,
-            }
-        )
-        logger.log(iteration, metrics, postfix=("online_dpo/pairs/kept_rate", "online_dpo/train/loss"))
-        if eval_due(iteration, ocfg.eval_every, plan.iterations):  # before the checkpoint: a resumed run has the row
-            logger.log(iteration, evaluate_now())
-        if accelerator.is_main_process and ocfg.samples_every and iteration % ocfg.samples_every == 0:
-            shown = list(zip(chosen_rows, rejected_rows))[: ocfg.num_samples]
-            append_samples(
-                run.stage("online_dpo") / "samples.jsonl",
-                iteration,
-                [batch_prompts[c] for c, _ in shown for _ in range(2)],
-                [responses[row] for pair in shown for row in pair],
-                [float(scores[row]) if scores is not None else float("nan") for pair in shown for row in pair],
-                [bool(rollout.finished[row]) for pair in shown for row in pair],
-                gold,
-            )
-        if checkpoint_due(accelerator, ocfg.save_every, iteration, plan.iterations):
-            save_rl_checkpoint("online_dpo", run, cfg, accelerator, policy, optimizer, scheduler, iteration)
-    unwrapped = whole.of(policy)
-    costs = loop_costs(
-        time.perf_counter() - loop_start - eval_s,
-        (iteration - resumed_from) * ocfg.batch_size,
-        device,
-        [unwrapped, reward_model, sft_policy],
-        [optimizer],
-    )
-    check_frozen("online_dpo", frozen_roles, frozen_before)
 
-    # 5. Final policy vs SFT on held-out prompts: the test's decoding and the same seed for both.
-    results, eval_samples = evaluate_against_sft(
-        engine,
-        unwrapped,
-        sft_policy,
-        reward_model,
-        tokenizer,
-        prompts,
-        validation,
-        seed,
-        ocfg.forward_batch_size,
-        accelerator,
-        gold,
-    )
-    trained = resumed_from < iteration
-    results.update(
-        {
-            "iterations": iteration,
-            "episodes": iteration * ocfg.batch_size,
-            "optimizer_steps": iteration * ocfg.epochs,
-            "resumed_from_iteration": resumed_from,
-            "samples_per_prompt": K,
-            "judge": ocfg.judge if annotator is None else annotator.name,
-            "reference": ocfg.reference,
-            "loss_type": ocfg.loss_type,
-            "beta": ocfg.beta,
-            "rpo_alpha": ocfg.rpo_alpha,
-            "reward_source": reward_source.spec if annotator is None else None,
-            "pairs_kept_rate": metrics.get("online_dpo/pairs/kept_rate") if trained else None,
-            "train_score_mean": metrics.get("online_dpo/objective/scores") if trained else None,
-            **costs,
-            "frozen_roles_unchanged": True,
-        }
-    )
-    logger.log(iteration, eval_metrics("online_dpo", results))
-
-    # 6. Publish: the HF policy, evaluation samples, curves, summary; then mark complete.
-    publish_rl(
-        "online_dpo",
-        run,
-        cfg,
-        accelerator,
-        logger,
-        unwrapped,
-        tokenizer,
-        results,
-        eval_samples,
-        CURVES + (EVAL_CURVES if ocfg.eval_every else []),
-        t_start,
-        {"iterations": iteration},
-    )
+    # 5-6. Final policy vs SFT on held-out prompts (the test's decoding, the same seed for both); publish the HF
+    #      policy, evaluation samples, curves and summary, then mark complete.
+    summary = {
+        "iterations": stage.iteration,
+        "episodes": stage.iteration * ocfg.batch_size,
+        "optimizer_steps": stage.iteration * ocfg.epochs,
+        "resumed_from_iteration": stage.resumed_from,
+        "samples_per_prompt": K,
+        "judge": ocfg.judge if annotator is None else annotator.name,
+        "reference": ocfg.reference,
+        "loss_type": ocfg.loss_type,
+        "beta": ocfg.beta,
+        "rpo_alpha": ocfg.rpo_alpha,
+        "reward_source": stage.reward_source.spec if annotator is None else None,
+        "pairs_kept_rate": metrics.get("online_dpo/pairs/kept_rate") if stage.trained else None,
+        "train_score_mean": metrics.get("online_dpo/objective/scores") if stage.trained else None,
+    }
+    stage.finish(ocfg.batch_size, summary, CURVES + (EVAL_CURVES if ocfg.eval_every else []))
 
 
 if __name__ == "__main__":

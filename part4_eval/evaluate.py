@@ -7,7 +7,7 @@ Reads the run's data, SFT policy (also the KL reference), reward model, and whic
 PPO, GRPO, RAFT and DPO policies completed; writes `<run>/eval/`: one JSONL of responses per model,
 best-of-N from SFT, pairwise win rates from every available judge, the failure suites, and
 `eval.*` in summary.json. Every model is sampled with the same decoding settings, prompt i from its
-own seed (`rlhf.rollout.sampling_seeds`). On W processes each samples and scores its shard of the
+own seed (`rlhf.rollout.generate.sampling_seeds`). On W processes each samples and scores its shard of the
 prompts and all get them back in prompt order, so W processes draw what one does; the main process
 alone then judges and writes.
 """
@@ -25,23 +25,23 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
-from rlhf.batching import encode_texts
+from rlhf.analysis.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
 from rlhf.chat import render_prompt
-from rlhf.cli import run_stage, start_stage
+from rlhf.core.batching import encode_texts
+from rlhf.core.errors import UserError
+from rlhf.core.winrates import holm_adjust, judge_agreements, length_controlled_win_rate
 from rlhf.data import heldout_references, heldout_split, write_jsonl
-from rlhf.engines import build_engine, check_engine
-from rlhf.errors import UserError
-from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
 from rlhf.judges import GoldJudge, OpenAIJudge, RewardJudge, combine_batch_info
 from rlhf.judges.refusal import is_refusal, paired_rate_change
-from rlhf.models import build_policy, load_policy, load_reward_model, load_tokenizer
-from rlhf.rewards import text_scorer
-from rlhf.rl.held_out import EVAL_STREAM, sample_for_eval
-from rlhf.rl.stats import peak_memory_mb
-from rlhf.rollout import eval_sampling
-from rlhf.run import METHOD_STAGES, judge_needed, write_json_atomic
-from rlhf.training import make_accelerator
-from rlhf.winrates import holm_adjust, judge_agreements, length_controlled_win_rate
+from rlhf.models.memory import peak_memory_mb
+from rlhf.models.modeling import build_policy, load_policy, load_reward_model, load_tokenizer
+from rlhf.models.training import make_accelerator
+from rlhf.rollout.batch import eval_sampling
+from rlhf.rollout.engines import build_engine, check_engine
+from rlhf.rollout.evaluation import EVAL_STREAM, sample_for_eval
+from rlhf.rollout.rewards import text_scorer
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.run import METHOD_STAGES, judge_needed, write_json_atomic
 
 POLICY_STAGES = METHOD_STAGES  # every alignment stage's policy, when it completed
 SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites; the embedded task has its own
@@ -116,7 +116,7 @@ def answer(
 ) -> tuple[Answers, list[list[int]]]:
     """The shared decoding: every model samples with the same settings, prompt i from its own seed, on whichever
     process it is sharded to (`sample_for_eval`), so every process count draws the same responses. `engine`
-    (`rlhf.engines`) samples; `model` is the policy whose weights it samples from."""
+    (`rlhf.rollout.engines`) samples; `model` is the policy whose weights it samples from."""
     sampling = eval_sampling(cfg)
     samples = sample_for_eval(
         engine,
@@ -206,6 +206,21 @@ def build_judges(cfg, run, is_embedded: bool, scorer, independent_scorer) -> tup
     return judges, skipped
 
 
+def gold_differences(answers: dict, pairings: list[tuple[str, str]]) -> dict[str, list[str | None]]:
+    """Per pairing `<a>_vs_<b>` and common prompt, what separates the two answers in the gold judge's eyes
+    (`task.gold_difference`), in the order the judges compared them."""
+    differences = {}
+    for a, b in pairings:
+        common = [p for p in answers[a].prompts if p in answers[b].by_prompt]
+        differences[f"{a}_vs_{b}"] = [
+            task.gold_difference(
+                task.gold_details(p, answers[a].by_prompt[p]), task.gold_details(p, answers[b].by_prompt[p])
+            )
+            for p in common
+        ]
+    return differences
+
+
 def main(argv: list[str] | None = None) -> None:
     started = start_stage("eval", argv, requires=("reward",), check=requested_judges)
     if started is None:
@@ -284,16 +299,20 @@ def main(argv: list[str] | None = None) -> None:
             stream=BEST_OF_N_STREAM,
         )
         scores = torch.tensor(bon_all.rewards).view(len(bon_prompts), n_best)  # (P, N)
+
+        def best_picks(n: int) -> list[int]:  # each prompt's best of its first n samples, as rows of bon_all
+            return [p * n_best + j for p, j in enumerate(best_of_n_choice(scores, n).tolist())]
+
         curve = []
         for n in sorted({2**k for k in range(n_best.bit_length()) if 2**k <= n_best} | {n_best}):
-            picks = [p * n_best + j for p, j in enumerate(best_of_n_choice(scores, n).tolist())]
+            picks = best_picks(n)
             point = {"n": n, "kl": best_of_n_kl(n), "reward_mean": mean_std([bon_all.rewards[i] for i in picks])[0]}
             if is_embedded:
                 point["gold_score_mean"] = mean_std(
                     [task.gold_score(bon_all.prompts[i], bon_all.texts[i]) for i in picks]
                 )[0]
             curve.append(point)
-        best = f"best_of_{n_best}"  # `picks` now holds the loop's last n, which is N
+        best, picks = f"best_of_{n_best}", best_picks(n_best)
         answers[best] = Answers(
             bon_prompts,
             [bon_all.texts[i] for i in picks],
@@ -401,14 +420,12 @@ def main(argv: list[str] | None = None) -> None:
     win_rates: dict[str, dict] = {}
     records: dict[str, dict] = {}
     outcomes: dict[str, dict[str, list[str]]] = {}
-    gold_differences: dict[str, list[str | None]] = {}  # per pairing and prompt: what separates the two in gold
+    prompt_limits = {"openai": cfg.eval.openai_max_prompts}  # an LLM judge's calls cost: its prompts are capped
     failed: dict[str, dict] = {}  # judges that stopped (an LLM server that never answers): no verdicts to report
     for judge_name, judge in judges.items():
         win_rates[judge_name], records[judge_name], outcomes[judge_name] = {}, {}, {}
         for a, b in pairings:
-            common = [p for p in answers[a].prompts if p in answers[b].by_prompt]
-            if judge_name == "openai":
-                common = common[: cfg.eval.openai_max_prompts]
+            common = [p for p in answers[a].prompts if p in answers[b].by_prompt][: prompt_limits.get(judge_name)]
             texts_a = [answers[a].by_prompt[p] for p in common]
             texts_b = [answers[b].by_prompt[p] for p in common]
             comparison = judge.compare(common, texts_a, texts_b)
@@ -431,11 +448,6 @@ def main(argv: list[str] | None = None) -> None:
             }
             records[judge_name][key] = comparison.to_dict()
             outcomes[judge_name][key] = comparison.outcomes
-            if judge_name == "gold":
-                gold_differences[key] = [
-                    task.gold_difference(task.gold_details(p, ta), task.gold_details(p, tb))
-                    for p, ta, tb in zip(common, texts_a, texts_b)
-                ]
         if judge_name in failed:
             print(f"[eval] judge {judge_name} {failed[judge_name]['status']}; left out of the win rates")
             for table in (win_rates, records, outcomes):
@@ -445,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
         vs_sft = {k: v["sign_test_p"] for k, v in win_rates[judge_name].items() if k.endswith("_vs_sft")}
         for key, p_holm in holm_adjust(vs_sft).items():
             win_rates[judge_name][key]["sign_test_p_holm"] = p_holm
-    judge_agreement = judge_agreements(outcomes, gold_differences if "gold" in outcomes else None)
+    judge_agreement = judge_agreements(outcomes, gold_differences(answers, pairings) if "gold" in outcomes else None)
     judges_info = {name: combine_batch_info([r["info"] for r in records[name].values()]) for name in records}
     judges_info |= failed | {name: {"status": why} for name, why in skipped.items()}
     for name, why in skipped.items():

@@ -21,9 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.cli import run_stage, start_stage
-from rlhf.errors import UserError
-from rlhf.plots import (
+from rlhf.analysis.plots import (
     REPORT_CURVE_KEYS,
     plot_model_lengths,
     plot_model_rewards,
@@ -31,6 +29,7 @@ from rlhf.plots import (
     plot_stage_curves,
     plot_win_rate_heatmaps,
 )
+from rlhf.core.errors import UserError
 from rlhf.report import (
     STAGE_LABELS,
     TRAINED_STAGES,
@@ -45,7 +44,8 @@ from rlhf.report import (
     render_sections,
     win_rate_matrix,
 )
-from rlhf.run import RunDir, write_text_atomic
+from rlhf.stage.cli import run_stage, start_stage
+from rlhf.stage.run import RunDir, write_text_atomic
 from rlhf.task import parse_prompt
 
 # Figures other stages drew, linked from the report when present (key -> path in the run folder).

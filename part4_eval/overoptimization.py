@@ -16,7 +16,7 @@ Needs a run folder whose data, sft and reward stages completed with the same pre
 2. Best-of-N from the SFT policy on the same held-out prompts, seed and sampling settings (PPO's):
    N samples per prompt, the one the reward model ranks highest is kept, for each n of `--best-of-n`;
    its KL is the analytic log n - (n - 1)/n.
-3. The KL-regularised optimum on the same samples (`rlhf.overoptimization.kl_optimum_points`): pi* =
+3. The KL-regularised optimum on the same samples (`rlhf.analysis.overoptimization.kl_optimum_points`): pi* =
    pi_SFT exp(r / beta) / Z, the policy every RL method here aims at, reweighting the samples, for
    r = the reward model and, on the embedded task, r = gold, at each KL budget of `--optimum-kls`.
    It is the ceiling a reward sets, whatever the optimiser: RL curves below their reward's optimum
@@ -48,21 +48,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
+from rlhf.analysis.overoptimization import best_of_n_points, eval_every_for, eval_points, kl_optimum_points
+from rlhf.analysis.plots import plot_overoptimization
+from rlhf.core.errors import UserError
 from rlhf.data import read_jsonl
-from rlhf.engines import build_engine
-from rlhf.errors import UserError
-from rlhf.models import load_policy, load_reward_model, load_tokenizer
-from rlhf.overoptimization import best_of_n_points, eval_every_for, eval_points, kl_optimum_points
-from rlhf.plots import plot_overoptimization
-from rlhf.rewards import MODEL, load_reward_function
-from rlhf.rl.held_out import sample_for_eval
-from rlhf.rl.plan import check_grpo_config, check_ppo_config, set_cpu_threads
-from rlhf.rl.prompts import load_rl_prompts
-from rlhf.rl.roles import frozen
-from rlhf.rollout import SamplingConfig
-from rlhf.run import STAGE_SCRIPTS, write_json_atomic
-from rlhf.training import make_accelerator
+from rlhf.methods.plan import check_grpo_config, check_ppo_config
+from rlhf.models.modeling import load_policy, load_reward_model, load_tokenizer
+from rlhf.models.roles import frozen
+from rlhf.models.training import make_accelerator, set_cpu_threads
+from rlhf.online.prompts import load_rl_prompts
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.engines import build_engine
+from rlhf.rollout.evaluation import sample_for_eval
+from rlhf.rollout.rewards import MODEL, load_reward_function
+from rlhf.stage.cli import REPO_ROOT, parse_stage_args, run_stage
+from rlhf.stage.run import STAGE_SCRIPTS, write_json_atomic
 
 GOLD_REWARD = "rlhf.task:gold_rewards"  # the embedded task's gold judge as a reward function
 REWARD_SPECS = {"rm": MODEL, "gold": GOLD_REWARD}

@@ -16,7 +16,7 @@ Two scopes, two questions:
 
 One run cannot rank methods a few points apart: changing the sampling seeds alone moved PPO's gold win rate
 against SFT from 0.568 to 0.532 on the tiny preset. Seed i (0 ≤ i < K) trains with method seed run.seed + i
-(`run.method_seed`, read only by the alignment stages: rlhf.run.stage_seed) and is evaluated with sampling seed
+(`run.method_seed`, read only by the alignment stages: rlhf.stage.run.stage_seed) and is evaluated with sampling seed
 eval.seed + i, so the spread is that of training and of evaluation sampling together.
 
 For `--scope methods`:
@@ -26,10 +26,11 @@ For `--scope methods`:
   whose summary.json starts with DIR's sections of those stages. A seed folder resumes and skips like any run.
   Its eval answers the same prompts with SEED_EVAL_OVERRIDES: no failure suites, no LLM judge and a token
   best-of-N, none of which the spread uses (every model's answers are sampled as in a full eval).
-- Then `rlhf.seeds.aggregate_seed_runs` reads every seed's eval/responses/*.jsonl and writes <scope dir>/summary.json:
+- Then `rlhf.analysis.seeds.aggregate_seed_runs` reads every seed's eval/responses/*.jsonl and writes
+  <scope dir>/summary.json:
   per method the win rate against the SAME seed's SFT answers (gold judge; the reward model without one), gold
   score and good-rate, and every head-to-head, each with its mean, sd over seeds, per-seed values and a 95%
-  interval over seeds × prompts (the equations are in rlhf/seeds.py), a two-sided p-value of "no difference"
+  interval over seeds × prompts (the equations are in rlhf/analysis/seeds.py), a two-sided p-value of "no difference"
   from the same standard error, and that p Holm-adjusted over its family (the comparisons with SFT; the
   head-to-heads). DIR/report.md is re-rendered to show them.
 
@@ -49,12 +50,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.cli import REPO_ROOT, parse_stage_args, run_stage
-from rlhf.errors import UserError
-from rlhf.launch import launcher_command
-from rlhf.run import METHOD_STAGES, STAGE_SCRIPTS, RunDir, collect_needed, write_json_atomic
-from rlhf.seeds import FEW_SEEDS, aggregate_seed_runs
-from rlhf.stage_process import preload, run_stage_script
+from rlhf.analysis.seeds import FEW_SEEDS, aggregate_seed_runs
+from rlhf.core.errors import UserError
+from rlhf.pipeline.launch import launcher_command
+from rlhf.pipeline.stage_process import preload, run_stage_script
+from rlhf.stage.cli import REPO_ROOT, parse_stage_args, run_stage
+from rlhf.stage.run import METHOD_STAGES, STAGE_SCRIPTS, RunDir, collect_needed, write_json_atomic
 
 # Seed runs' eval: the spread reads only every model's answers to the eval prompts, which these leave as they are
 # (best-of-N samples on a stream of its own). Tiny preset, 5 models x 300 prompts, shared 2-core CPU (2026-11-26):
@@ -144,7 +145,7 @@ def pipeline_seed_overrides(cfg, i: int) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     # 1. The command line, the run and its config; everything checked before any stage starts.
     args, source = parse_args(argv)
-    preload()  # the libraries every stage imports, once, before any other work (rlhf.stage_process)
+    preload()  # the libraries every stage imports, once, before any other work (rlhf.pipeline.stage_process)
     output = ["--output-dir", args.output_dir] if args.output_dir else []
     cfg, run, _ = parse_stage_args("seeds", [*source, *output, *args.overrides])
     flags = shlex.join(source or ["--preset", "tiny"])
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     spread["seed_eval_overrides"] = SEED_EVAL_OVERRIDES
     spread["interval"] = (
         "mean over seeds x prompts ± t(0.975, Satterthwaite df) · SE, SE² = (MS_seed + MS_prompt − MS_resid) / (nK), "
-        "two-way random-effects ANOVA, zero-truncated components (rlhf/seeds.py)"
+        "two-way random-effects ANOVA, zero-truncated components (rlhf/analysis/seeds.py)"
     )
     write_json_atomic(seeds_dir / "summary.json", spread)
     for method, block in spread["win_rate_vs_sft"].items():

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from part1_reward import train_reward
-from rlhf.cli import run_stage
+from rlhf.stage.cli import run_stage
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 
 _TURN = re.compile(r"\n\n(Human|Assistant):")
 _ROLES = {"Human": "user", "Assistant": "assistant"}

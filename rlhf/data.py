@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 
 HUMAN = "\n\nHuman:"
 ASSISTANT = "\n\nAssistant:"
@@ -570,3 +570,8 @@ def heldout_references(data_dir: Path, separate: bool) -> dict[str, str]:
     for row in rows:
         references.setdefault(row["prompt"], row["response"])
     return references
+
+
+def unique_prompts(rows: list[dict]) -> list[str]:
+    """The distinct prompts of preference rows, in first-seen order."""
+    return list(dict.fromkeys(row["prompt"] for row in rows))

@@ -7,10 +7,10 @@ It records, and writes to DIR/<script>-<pid>.json when the stage exits:
 - `linear`: the output dtype of every torch.nn.functional.linear call (every nn.Linear: the LM head, the reward,
   value and token heads, LoRA adapters), with `autocast` whether CPU or CUDA autocast was on at the call. Under
   run.mixed_precision=bf16 every one should be bfloat16: a forward pass outside autocast shows up as float32.
-- `calls`: for every function of rlhf.ops and rlhf.losses, the log-prob and reward helpers of rlhf.models and
-  rlhf.rl.passes, and the forward of the value and pair-reward modules: the floating dtypes of its tensor inputs
-  and outputs, the outputs of a tuple as "position:dtype" (the math library's contract: outputs in float32,
-  whatever the forward's dtype).
+- `calls`: for every function of rlhf.core.ops and rlhf.core.losses, the log-prob and reward helpers of
+  rlhf.models.modeling and rlhf.methods.passes, and the forward of the value and pair-reward modules: the floating
+  dtypes of its tensor inputs and outputs, the outputs of a tuple as "position:dtype" (the math library's contract:
+  outputs in float32, whatever the forward's dtype).
 
 Only observes: every wrapped function is called as it was and returns what it returned.
 """
@@ -32,8 +32,8 @@ import torch
 
 PROBE_DIR_ENV = "RLHF_DTYPE_PROBE_DIR"
 REPO = Path(__file__).resolve().parent.parent
-# Modules whose public functions are wrapped, and the helpers of rlhf.models / the modules' forwards.
-LIBRARIES = ("rlhf.ops", "rlhf.losses", "rlhf.rl.passes")
+# Modules whose public functions are wrapped, and the helpers of rlhf.models.modeling / the modules' forwards.
+LIBRARIES = ("rlhf.core.ops", "rlhf.core.losses", "rlhf.methods.passes")
 MODEL_FUNCTIONS = ("token_logprobs", "reward_scores", "shared_prompt_response_logprobs")
 MODEL_CLASSES = ("ValueModel", "PolicyAndValue", "SharedPromptPairRewards", "MeanPoolRewardModel")
 
@@ -102,14 +102,14 @@ def install() -> None:
         for name, value in vars(module).items():
             if inspect.isfunction(value) and value.__module__ == module_name and not name.startswith("_"):
                 replaced[id(value)] = recorded(f"{module_name}.{name}", value)
-    models = importlib.import_module("rlhf.models")
+    models = importlib.import_module("rlhf.models.modeling")
     for name in MODEL_FUNCTIONS:
-        replaced[id(getattr(models, name))] = recorded(f"rlhf.models.{name}", getattr(models, name))
+        replaced[id(getattr(models, name))] = recorded(f"rlhf.models.modeling.{name}", getattr(models, name))
     for name in MODEL_CLASSES:
         cls = getattr(models, name)
-        cls.forward = recorded(f"rlhf.models.{name}.forward", cls.forward)
-    # Rebind every name already imported (`from rlhf.ops import masked_mean`) in every loaded rlhf module, and the
-    # functions in its tables (rlhf.losses.DPO_LOSSES); modules imported later (the stage script, lazily imported
+        cls.forward = recorded(f"rlhf.models.modeling.{name}.forward", cls.forward)
+    # Rebind every name already imported (`from rlhf.core.ops import masked_mean`) in every loaded rlhf module, and the
+    # functions in its tables (rlhf.core.losses.DPO_LOSSES); modules imported later (the stage script, lazily imported
     # helpers) bind the wrappers from these attributes.
     for module in [m for name, m in sys.modules.items() if name == "rlhf" or name.startswith("rlhf.")]:
         for name, value in list(vars(module).items()):
@@ -133,13 +133,16 @@ def dump(directory: Path, script: str) -> None:
 # ----------------------------------------------------------------------------- reading the records (the tests)
 
 # Calls whose outputs are the forward pass's own: PolicyAndValue's logits (position 0) come out in bf16 by design.
-FORWARD_OUTPUTS = {"rlhf.models.PolicyAndValue.forward": "0:", "rlhf.models.MeanPoolRewardModel.forward": ""}
+FORWARD_OUTPUTS = {
+    "rlhf.models.modeling.PolicyAndValue.forward": "0:",
+    "rlhf.models.modeling.MeanPoolRewardModel.forward": "",
+}
 
 
 def load_records(directory: Path) -> dict[str, list[dict]]:
     """Stage name -> the records of its processes (one per process: two under a 2-process launcher); the
-    pipeline's launcher probe (rlhf/launch_probe.py) runs no stage."""
-    from rlhf.run import STAGE_SCRIPTS
+    pipeline's launcher probe (rlhf/pipeline/launch_probe.py) runs no stage."""
+    from rlhf.stage.run import STAGE_SCRIPTS
 
     stages = {Path(script).stem: stage for stage, script in STAGE_SCRIPTS.items()}
     records: dict[str, list[dict]] = collections.defaultdict(list)

@@ -1,11 +1,11 @@
 """Stage scripts in the tests, started as a user starts them but without paying for their imports each time.
 
 Each test worker starts one multiprocessing forkserver that imports the libraries every stage imports
-(`rlhf.stage_process.PRELOAD`); a stage script is then a child forked from it, running as `__main__` with the test's
-argv, working folder, environment and output files (`rlhf.stage_process.run_as_main`). It is its own process, with
-its own exit code and signals, as with `python script ...`; it only starts 3 s sooner. Where forking is not
-supported (`rlhf.stage_process.fork_supported`), or the test's environment differs from the forkserver's in a
-variable a library may have read at import, the script starts in a fresh interpreter instead.
+(`rlhf.pipeline.stage_process.PRELOAD`); a stage script is then a child forked from it, running as `__main__` with the
+test's argv, working folder, environment and output files (`rlhf.pipeline.stage_process.run_as_main`). It is its own
+process, with its own exit code and signals, as with `python script ...`; it only starts 3 s sooner. Where forking is
+not supported (`rlhf.pipeline.stage_process.fork_supported`), or the test's environment differs from the forkserver's
+in a variable a library may have read at import, the script starts in a fresh interpreter instead.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlhf.stage_process import PRELOAD, fork_supported, redirect_output, run_as_main
+from rlhf.pipeline.stage_process import PRELOAD, fork_supported, redirect_output, run_as_main
 
 # Variables read when they are used, not when a preloaded library is imported: a test may set them, and pytest
 # sets PYTEST_CURRENT_TEST to each test's name.

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rlhf.batching import (
+from rlhf.core.batching import (
     EncodedPair,
     chosen_longer,
     collate_pairs,
@@ -12,7 +12,7 @@ from rlhf.batching import (
     left_pad,
     shared_prompt_pair_length,
 )
-from rlhf.rollout import truncate_after_eos
+from rlhf.rollout.generate import truncate_after_eos
 
 PAD = 0
 

@@ -11,11 +11,12 @@ import torch
 from accelerate.state import AcceleratorState
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rlhf.batching import EncodedPair, collate_shared_prompt_pairs
-from rlhf.config import RewardConfig, load_config, preset_path
-from rlhf.errors import UserError
-from rlhf.losses import bradley_terry_loss, dpo_loss, ppo_policy_loss, ppo_value_loss, sft_loss
-from rlhf.models import (
+from rlhf.core.batching import EncodedPair, collate_shared_prompt_pairs
+from rlhf.core.errors import UserError
+from rlhf.core.losses import bradley_terry_loss, dpo_loss, ppo_policy_loss, ppo_value_loss, sft_loss
+from rlhf.core.ops import gae_advantages, kl_k3, shifted_entropy, shifted_logprobs
+from rlhf.methods.passes import align_values
+from rlhf.models.modeling import (
     PolicyAndValue,
     SharedPromptPairRewards,
     build_reward_model,
@@ -26,9 +27,8 @@ from rlhf.models import (
     token_logprobs,
     value_model_from_reward,
 )
-from rlhf.ops import gae_advantages, kl_k3
-from rlhf.rl.passes import align_values, shifted_entropy, shifted_logprobs
-from rlhf.training import make_accelerator
+from rlhf.models.training import make_accelerator
+from rlhf.stage.config import RewardConfig, load_config, preset_path
 
 PAD = 0
 PAIRS = [EncodedPair([3, 7], [9, 4, 1], [5, 1]), EncodedPair([6], [2, 1], [8, 8, 8, 1])]

@@ -25,9 +25,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rlhf.config import load_config, preset_path
-from rlhf.pipeline import select_stages
-from rlhf.run import STAGE_SCRIPTS, RunDir, collect_needed, judge_needed
+from rlhf.pipeline.driver import select_stages
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import STAGE_SCRIPTS, RunDir, collect_needed, judge_needed
 
 pytestmark = pytest.mark.slow
 
@@ -73,30 +73,39 @@ MODEL_STAGES = [stage for stage in PIPELINE_STAGES if stage not in ("data", "rep
 POLICY_STAGES = ("sft", "ppo", "grpo", "raft", "dpo", "online_dpo")
 # The boundaries each stage must have crossed (so the float32 check below saw them), besides token/pair log-probs.
 BOUNDARIES = {
-    "sft": ("rlhf.models.token_logprobs", "rlhf.losses.sft_loss"),
+    "sft": ("rlhf.models.modeling.token_logprobs", "rlhf.core.losses.sft_loss"),
     "collect": (),
     "reward": (
-        "rlhf.models.SharedPromptPairRewards.forward",
-        "rlhf.models.shared_prompt_response_logprobs",  # the SFT policy's log-probs, the distillation targets
-        "rlhf.losses.length_heuristic_bt_loss",
-        "rlhf.losses.logprob_distillation_loss",
+        "rlhf.models.modeling.SharedPromptPairRewards.forward",
+        "rlhf.models.modeling.shared_prompt_response_logprobs",  # the SFT policy's log-probs, the distillation targets
+        "rlhf.core.losses.length_heuristic_bt_loss",
+        "rlhf.core.losses.logprob_distillation_loss",
     ),
     "ppo": (
-        "rlhf.models.PolicyAndValue.forward",
-        "rlhf.models.ValueModel.forward",
-        "rlhf.models.token_logprobs",
-        "rlhf.models.reward_scores",
-        "rlhf.ops.kl_k1",
-        "rlhf.ops.gae_advantages",
-        "rlhf.ops.masked_whiten",
-        "rlhf.losses.ppo_policy_loss",
-        "rlhf.losses.ppo_value_loss",
+        "rlhf.models.modeling.PolicyAndValue.forward",
+        "rlhf.models.modeling.ValueModel.forward",
+        "rlhf.models.modeling.token_logprobs",
+        "rlhf.models.modeling.reward_scores",
+        "rlhf.core.ops.kl_k1",
+        "rlhf.core.ops.gae_advantages",
+        "rlhf.core.ops.masked_whiten",
+        "rlhf.core.losses.ppo_policy_loss",
+        "rlhf.core.losses.ppo_value_loss",
     ),
-    "grpo": ("rlhf.models.reward_scores", "rlhf.ops.group_advantages", "rlhf.ops.kl_k3", "rlhf.losses.grpo_loss"),
-    "raft": ("rlhf.models.reward_scores", "rlhf.losses.sft_loss"),
-    "dpo": ("rlhf.models.shared_prompt_response_logprobs", "rlhf.losses.length_heuristic_dpo_loss"),
-    "online_dpo": ("rlhf.models.reward_scores", "rlhf.models.shared_prompt_response_logprobs", "rlhf.losses.dpo_loss"),
-    "eval": ("rlhf.models.token_logprobs", "rlhf.models.reward_scores", "rlhf.ops.kl_k1"),
+    "grpo": (
+        "rlhf.models.modeling.reward_scores",
+        "rlhf.core.ops.group_advantages",
+        "rlhf.core.ops.kl_k3",
+        "rlhf.core.losses.grpo_loss",
+    ),
+    "raft": ("rlhf.models.modeling.reward_scores", "rlhf.core.losses.sft_loss"),
+    "dpo": ("rlhf.models.modeling.shared_prompt_response_logprobs", "rlhf.core.losses.length_heuristic_dpo_loss"),
+    "online_dpo": (
+        "rlhf.models.modeling.reward_scores",
+        "rlhf.models.modeling.shared_prompt_response_logprobs",
+        "rlhf.core.losses.dpo_loss",
+    ),
+    "eval": ("rlhf.models.modeling.token_logprobs", "rlhf.models.modeling.reward_scores", "rlhf.core.ops.kl_k1"),
 }
 
 
@@ -153,7 +162,10 @@ def test_log_probs_values_rewards_kl_and_losses_are_float32(bf16_run):
         missing = [name for name in BOUNDARIES[stage] if not record["calls"].get(name, {}).get("out")]
         assert missing == [], stage
     # The critic's values come out of PolicyAndValue in float32 beside its bf16 logits.
-    assert set(records["ppo"][0]["calls"]["rlhf.models.PolicyAndValue.forward"]["out"]) == {"0:bfloat16", "1:float32"}
+    assert set(records["ppo"][0]["calls"]["rlhf.models.modeling.PolicyAndValue.forward"]["out"]) == {
+        "0:bfloat16",
+        "1:float32",
+    }
 
 
 def test_a_policy_starts_where_its_identical_reference_is(bf16_run):

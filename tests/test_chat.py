@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf.chat import fit_turns, hh_messages, hh_text, render_prompt
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 
 DIALOGUE = "\n\nHuman: How do I bake bread?\n\nAssistant: With flour.\n\nHuman: And yeast?\n\nAssistant:"
 

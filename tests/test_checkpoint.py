@@ -5,7 +5,7 @@ import random
 
 import torch
 
-from rlhf.checkpoint import load_training_state, publish_dir, resolve_complete, save_training_state
+from rlhf.models.checkpoint import load_training_state, publish_dir, resolve_complete, save_training_state
 
 
 def make():

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from rlhf import task
-from rlhf.config import load_config, preset_path
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 from rlhf.judges import SimulatedAnnotatorJudge
-from rlhf.pipeline import select_stages
-from rlhf.run import RunDir, collect_needed, config_inputs, stage_inputs
+from rlhf.pipeline.driver import select_stages
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import RunDir, collect_needed, config_inputs, stage_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "part1_reward"))
 from collect_pairs import check_collect_config, pair_indices

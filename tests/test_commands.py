@@ -13,8 +13,8 @@ from unittest import mock
 import pytest
 from conftest import REPO
 
-from rlhf.cli import parse_stage_args, run_stage
-from rlhf.signals import Interrupted
+from rlhf.stage.cli import parse_stage_args, run_stage
+from rlhf.stage.signals import Interrupted
 
 
 def test_a_script_runs_the_code_and_folders_of_its_own_checkout(tmp_path):
@@ -71,7 +71,7 @@ def test_a_stage_scripts_help_names_the_script_and_where_every_key_is(capsys):
         parse_stage_args("sft", ["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert exit_info.value.code == 0 and text.startswith("usage: python part1_reward/train_sft.py")
-    assert "rlhf/config.py" in text and "section.key=value" in text
+    assert "rlhf/stage/config.py" in text and "section.key=value" in text
 
 
 def test_the_readme_says_to_activate_the_environment_its_python_commands_need():
@@ -98,15 +98,15 @@ def test_relative_paths_mean_what_they_do_where_run_all_was_typed(tmp_path, monk
 def test_a_second_process_running_a_stage_in_the_same_folder_stops_before_writing(tmp_path):
     """Two SFT runs with different lr in one folder: config.yaml said one, model/ and complete.json came from the
     other. The second now stops in one line, naming the first, and writes nothing; once the first ends, it runs."""
-    from rlhf.cli import hold_stage_lock
-    from rlhf.errors import UserError
-    from rlhf.run import RunDir
+    from rlhf.core.errors import UserError
+    from rlhf.stage.cli import hold_stage_lock
+    from rlhf.stage.run import RunDir
 
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from rlhf.cli import hold_stage_lock; from rlhf.run import RunDir; "
+            "import sys, time; from rlhf.stage.cli import hold_stage_lock; from rlhf.stage.run import RunDir; "
             f"hold_stage_lock(RunDir({str(tmp_path)!r}), 'sft'); print('held', flush=True); time.sleep(60)",
         ],
         cwd=REPO,

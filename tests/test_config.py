@@ -2,8 +2,8 @@
 
 import pytest
 
-from rlhf.config import available_presets, coerce, load_config, preset_path
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
+from rlhf.stage.config import available_presets, coerce, load_config, preset_path
 
 
 def test_presets_exist_and_load():

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
+from rlhf.core.errors import UserError
 from rlhf.data import DROP_REASONS, ParsedPair, count_reasons, load_raw_splits, parse_pair, prompt_split, split_dialogue
-from rlhf.errors import UserError
 
 PROMPT = "\n\nHuman: Hi there\n\nAssistant: Hello!\n\nHuman: What is 2 plus 2?\n\nAssistant:"
 

@@ -4,7 +4,7 @@ SFT and reward tests in test_part1_e2e.py), through the real command line.
 
 What makes the two runs comparable: the offline DPO loss sees the same pairs either way. The RL
 stages sample, and each process has its own seed; but row i of a global rollout batch samples
-from its own seed (`rlhf.rollout.sampling_seeds`), not from the process's RNG, so both runs draw
+from its own seed (`rlhf.rollout.generate.sampling_seeds`), not from the process's RNG, so both runs draw
 the same responses and every metric can be compared, not only a loss on fixed rollouts. What is
 then left to differ is what this file tests: statistics over the whole batch (advantage
 whitening, token counts for the loss, explained variance, correlations), RAFT's fine-tuning batches
@@ -34,11 +34,11 @@ import pytest
 import torch
 from conftest import REPO, TINY_TEST_OVERRIDES
 
-from rlhf.checkpoint import save_pretrained_atomic
-from rlhf.config import load_config, preset_path
 from rlhf.judges import BASE_URL_ENV
-from rlhf.models import load_policy, load_tokenizer
-from rlhf.run import RunDir
+from rlhf.models.checkpoint import save_pretrained_atomic
+from rlhf.models.modeling import load_policy, load_tokenizer
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import RunDir
 
 pytestmark = pytest.mark.slow
 

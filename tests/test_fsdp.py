@@ -1,4 +1,5 @@
-"""FSDP2 on CPU (rlhf/sharding.py): the SFT, reward, DPO and GRPO stages launched as docs/scaling.md documents it,
+"""FSDP2 on CPU (rlhf/models/sharding.py): the SFT, reward, DPO and GRPO stages launched as docs/scaling.md
+documents it,
 `accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 2`, against one process accumulating
 the same global batch in two micro-batches, as the DDP comparisons of test_distributed.py (whose tolerance, REL, this
 shares): the same per-step metrics and the same published weights. And a checkpoint written by the sharded run

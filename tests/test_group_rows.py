@@ -1,4 +1,4 @@
-"""Tests for rlhf.group_rows and the group-aware passes: a GRPO group packed as one row over one copy
+"""Tests for rlhf.rollout.packing and the group-aware passes: a GRPO group packed as one row over one copy
 of its prompt computes what its G separate rows compute (log-probs, entropy, rewards, gradients), the
 layout by hand, the micro-batches that keep groups whole, and generation that prefills a repeated
 prompt once."""
@@ -7,18 +7,14 @@ import pytest
 import torch
 from test_rollout import PROMPTS, TEXTS, encode, tiny_config, tiny_policy, tiny_reward_model
 
-from rlhf.group_rows import pack_groups, packed_entropy, packed_logits, packed_token_logprobs
-from rlhf.models import MeanPoolRewardModel, disable_dropout, position_ids_from_mask, train_tokenizer
-from rlhf.rl.passes import micro_batches, minibatch_indices, policy_token_pass, shifted_entropy, shifted_logprobs
-from rlhf.rollout import (
-    SamplingConfig,
-    generate_rollout,
-    pack_rollout,
-    rollout_logprobs,
-    sampling_seeds,
-    score_rollout,
-    shared_prompt_cache,
-)
+from rlhf.core.ops import shifted_entropy, shifted_logprobs
+from rlhf.methods.passes import micro_batches, minibatch_indices
+from rlhf.models.modeling import MeanPoolRewardModel, disable_dropout, position_ids_from_mask, train_tokenizer
+from rlhf.rollout.batch import SamplingConfig, pack_rollout
+from rlhf.rollout.forward import rollout_logprobs, score_rollout
+from rlhf.rollout.generate import generate_rollout, sampling_seeds, shared_prompt_cache
+from rlhf.rollout.layout import RowLayout
+from rlhf.rollout.packing import pack_groups, packed_entropy, packed_logits, packed_token_logprobs
 
 G = 4
 
@@ -101,7 +97,7 @@ def test_packed_logprobs_and_entropy_equal_the_separate_rows(groups, policy):
     # the chunked no-grad pass (whole groups per chunk, several chunks)
     for batch_size in (G, 3 * G, 100):
         torch.testing.assert_close(
-            rollout_logprobs(policy, groups, 0.7, batch_size, group_size=G),
+            rollout_logprobs(policy, groups, 0.7, batch_size, layout=RowLayout(G)),
             rollout_logprobs(policy, groups, 0.7, batch_size),
             atol=1e-5,
             rtol=0,
@@ -113,7 +109,7 @@ def test_the_training_pass_has_the_same_gradient_packed(groups, tokenizer):
     grads = {}
     for group_size in (1, G):
         model = tiny_policy(tokenizer).train()
-        logprobs, entropy = policy_token_pass(model, groups, rows, 0.7, group_size)
+        logprobs, entropy = RowLayout(group_size).training_pass(model, groups.select(rows), 0.7)
         mask = groups.select(rows).response_mask
         (logprobs * mask).sum().backward()
         grads[group_size] = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -133,7 +129,7 @@ def test_packed_reward_scores_equal_the_separate_rows(groups, tokenizer, pooling
         torch.manual_seed(2)
         reward_model = MeanPoolRewardModel(GPT2Model(tiny_config(tokenizer)), 16, 0.0).eval()
         disable_dropout(reward_model)
-    packed_scores = score_rollout(reward_model, groups, 2 * G, group_size=G)
+    packed_scores = score_rollout(reward_model, groups, 2 * G, layout=RowLayout(G))
     torch.testing.assert_close(packed_scores, score_rollout(reward_model, groups, 2 * G), atol=1e-5, rtol=0)
 
 
@@ -143,11 +139,11 @@ def test_micro_batches_keep_groups_whole_and_sorted_by_packed_width():
     response_mask = torch.zeros(6, 8, dtype=torch.bool)
     for row, (prompt, response) in enumerate([(2, 1), (2, 1), (1, 5), (1, 5), (3, 1), (3, 2)]):
         response_mask[row, prompt : prompt + response] = True
-    micro = micro_batches(torch.arange(6), lengths, response_mask, 2, "sequence", group_size=2)
+    micro = micro_batches(torch.arange(6), lengths, response_mask, 2, "sequence", layout=RowLayout(2))
     assert [rows.tolist() for rows, _, _ in micro] == [[0, 1], [4, 5], [2, 3]]
     assert [t for _, t, _ in micro] == [3, 5, 6]
     assert sum(w for _, _, w in micro) == pytest.approx(1.0)
-    parts = minibatch_indices(12, 2, torch.Generator().manual_seed(0), group_size=3)
+    parts = minibatch_indices(12, 2, torch.Generator().manual_seed(0), layout=RowLayout(3))
     for part in parts:
         assert len(part) == 6 and (part.view(-1, 3) == part.view(-1, 3)[:, :1] + torch.arange(3)).all()
         assert (part.view(-1, 3)[:, 0] % 3 == 0).all()

@@ -10,9 +10,9 @@ from fake_openai import HUGE_CHARS, KEY, hh, settings
 
 from rlhf import judges as J
 from rlhf import task as T
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 from rlhf.judges.llm import _public_url
-from rlhf.run import write_json_atomic
+from rlhf.stage.run import write_json_atomic
 
 # ----------------------------------------------------------------------------- answer parsing
 

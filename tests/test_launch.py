@@ -11,9 +11,9 @@ from accelerate.commands.config.config_args import ClusterConfig, load_config_fr
 from conftest import REPO
 from test_stage_process import STOPS, stop_a_driver
 
-from rlhf.errors import UserError
-from rlhf.launch import launcher_command
-from rlhf.pipeline import stage_command
+from rlhf.core.errors import UserError
+from rlhf.pipeline.driver import stage_command
+from rlhf.pipeline.launch import launcher_command
 
 BIN = Path(sys.executable).parent
 
@@ -121,11 +121,11 @@ def test_a_stage_failing_under_a_launcher_is_its_own_line_and_exit_2_not_the_lau
     assert lines[1].startswith("[pipeline] stage 'data' failed (exit 2); fix it and resume with: bash run_all.sh")
 
 
-# Runs the stage as rlhf.pipeline does under RLHF_LAUNCH, with plain Python as the launcher.
+# Runs the stage as rlhf.pipeline.driver does under RLHF_LAUNCH, with plain Python as the launcher.
 LAUNCHED_SIGNAL_DRIVER = """
 import sys
-from rlhf.launch import run_launched
-from rlhf.signals import Interrupted, graceful_stops
+from rlhf.pipeline.launch import run_launched
+from rlhf.stage.signals import Interrupted, graceful_stops
 try:
     with graceful_stops():
         print("exit", run_launched([sys.executable, "stage.py"]))
@@ -143,9 +143,9 @@ def test_a_stop_signal_reaches_a_launched_stage_once_and_stops_the_pipeline(tmp_
 
 def test_every_stage_whose_batches_do_not_fit_is_named_at_once():
     """Before, the first stage's problem stopped the run; fixing it showed the next one, one start at a time."""
-    from rlhf.config import load_config, preset_path
-    from rlhf.launch import check_batch_splits
-    from rlhf.run import STAGES
+    from rlhf.pipeline.launch import check_batch_splits
+    from rlhf.stage.config import load_config, preset_path
+    from rlhf.stage.run import STAGES
 
     cfg = load_config(preset_path("tiny"), ["sft.batch_size=33", "ppo.batch_size=60", "raft.prompts_per_round=5"])
     with pytest.raises(UserError) as error:

@@ -46,7 +46,7 @@ PIPELINE_BUDGETS = [
     "run.log_every=1",
 ]
 # Where the tiny preset's micro-batch is its whole batch, 2 processes take half of it each
-# (`rlhf.training.micro_batch_size`): the 1-process run accumulates the same two halves.
+# (`rlhf.models.training.micro_batch_size`): the 1-process run accumulates the same two halves.
 HALF_BATCH_MICRO_BATCHES = [
     "sft.micro_batch_size=16",
     "reward.micro_batch_size=8",
@@ -90,7 +90,9 @@ def test_the_documented_launch_runs_the_tiny_pipeline_as_one_process_does(tmp_pa
     summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
     for summary in summaries:  # SFT's gold check samples from run.seed on each process, not from a seed per row;
         summary["sft"] = {k: v for k, v in summary["sft"].items() if not k.startswith("gold_")}
-        del summary["dpo"]["timed_tokens"]  # and DPO counts rank 0's tokens x processes (rlhf/dpo.py): an estimate
+        del summary["dpo"][
+            "timed_tokens"
+        ]  # and DPO counts rank 0's tokens x processes (rlhf/methods/dpo.py): an estimate
     same_tree([{k: v for k, v in s.items() if k != "timing_s"} for s in summaries])
     for name in files[0]:
         if name.startswith("eval/responses/"):

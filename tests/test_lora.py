@@ -25,10 +25,9 @@ from transformers import (
     OPTForCausalLM,
 )
 
-from rlhf.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
-from rlhf.config import LORA_AFTER_SFT, LORA_STAGES, LoRAConfig, load_config, preset_path, to_dict
-from rlhf.errors import UserError
-from rlhf.lora import (
+from rlhf.core.errors import UserError
+from rlhf.models.checkpoint import load_training_state, save_pretrained_atomic, save_training_state
+from rlhf.models.lora import (
     is_lora,
     load_trainable_policy,
     lora_targets,
@@ -36,10 +35,11 @@ from rlhf.lora import (
     reference_policy,
     with_lora,
 )
-from rlhf.models import load_policy, load_reward_model, reward_scores, token_logprobs
-from rlhf.rl.roles import check_frozen, frozen_digests
-from rlhf.run import LATER_SECTIONS, STAGES, RunDir, stage_inputs, stage_sections, stage_seed
-from rlhf.training import build_optimizer
+from rlhf.models.modeling import load_policy, load_reward_model, reward_scores, token_logprobs
+from rlhf.models.roles import check_frozen, frozen_digests
+from rlhf.models.training import build_optimizer
+from rlhf.stage.config import LORA_AFTER_SFT, LORA_STAGES, LoRAConfig, load_config, preset_path, to_dict
+from rlhf.stage.run import LATER_SECTIONS, STAGES, RunDir, stage_inputs, stage_sections, stage_seed
 
 LORA = LoRAConfig(enabled=True, r=4, alpha=8.0)
 CPU = torch.device("cpu")

@@ -16,7 +16,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-from rlhf.config import LORA_AFTER_SFT
+from rlhf.stage.config import LORA_AFTER_SFT
 
 pytestmark = pytest.mark.slow
 

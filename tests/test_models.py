@@ -6,10 +6,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from rlhf.batching import EncodedPair, collate_pairs, collate_shared_prompt_pairs
-from rlhf.config import RewardConfig
-from rlhf.errors import UserError
-from rlhf.models import (
+from rlhf.core.batching import EncodedPair, collate_pairs, collate_shared_prompt_pairs
+from rlhf.core.errors import UserError
+from rlhf.models.modeling import (
     MeanPoolRewardModel,
     SharedPromptPairRewards,
     build_reward_model,
@@ -20,6 +19,7 @@ from rlhf.models import (
     shared_prompt_response_logprobs,
     token_logprobs,
 )
+from rlhf.stage.config import RewardConfig
 
 PAD = 0
 

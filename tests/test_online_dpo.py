@@ -1,4 +1,4 @@
-"""Online DPO: the pair rule, the plan and config rules by hand (rlhf/online_dpo.py), and the stage end to end
+"""Online DPO: the pair rule, the plan and config rules by hand (rlhf/methods/online_dpo.py), and the stage end to end
 through its real command line (part3_dpo/train_online_dpo.py) on a copy of the session's tiny run."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import torch
 from conftest import TINY_TEST_OVERRIDES, kill_at_first_checkpoint, read_summary, run_script
 from safetensors.torch import load_file
 
-from rlhf.config import OnlineDPOConfig
-from rlhf.errors import UserError
-from rlhf.online_dpo import (
+from rlhf.core.errors import UserError
+from rlhf.methods.online_dpo import (
     best_worst_pairs,
     check_online_dpo_config,
     pair_indices_to_rows,
@@ -24,6 +23,7 @@ from rlhf.online_dpo import (
     plan_online_dpo,
     split_micro_batches,
 )
+from rlhf.stage.config import OnlineDPOConfig
 
 SCRIPT = "part3_dpo/train_online_dpo.py"
 # 4 iterations x 16 prompts x K = 2, one DPO step each.

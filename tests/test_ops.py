@@ -1,11 +1,11 @@
-"""Tests for rlhf.ops. Expected values are worked out by hand in each test."""
+"""Tests for rlhf.core.ops. Expected values are worked out by hand in each test."""
 
 import math
 
 import pytest
 import torch
 
-from rlhf.ops import (
+from rlhf.core.ops import (
     KL_ESTIMATORS,
     entropy_from_logits,
     explained_variance,

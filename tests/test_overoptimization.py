@@ -1,4 +1,4 @@
-"""The over-optimisation study (Gao et al. 2022): its math by hand (rlhf/overoptimization.py), its
+"""The over-optimisation study (Gao et al. 2022): its math by hand (rlhf/analysis/overoptimization.py), its
 figure, and the command end to end (part4_eval/overoptimization.py) on the tiny test run."""
 
 import itertools
@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TINY_TEST_OVERRIDES, run_script
 
-from rlhf.overoptimization import (
+from rlhf.analysis.overoptimization import (
     best_of_n_points,
     eval_every_for,
     eval_points,
@@ -20,7 +20,7 @@ from rlhf.overoptimization import (
     tilted_weights,
     tilted_win_rate,
 )
-from rlhf.plots import plot_overoptimization
+from rlhf.analysis.plots import plot_overoptimization
 
 
 def close(actual, expected, tol=1e-6):  # scores are float32
@@ -111,8 +111,8 @@ def overopt_script():
 
 
 def test_plan_variants_one_run_per_method_reward_and_kl_coef():
-    from rlhf.config import load_config, preset_path
-    from rlhf.errors import UserError
+    from rlhf.core.errors import UserError
+    from rlhf.stage.config import load_config, preset_path
 
     script = overopt_script()
     cfg = load_config(preset_path("tiny"))  # ppo: 1024 episodes / 64; grpo: 1536 / 64

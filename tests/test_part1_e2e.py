@@ -82,7 +82,7 @@ def test_reward_training_changed_the_backbone_and_left_sft_untouched(tiny_run):
 def test_reward_model_loads_with_plain_transformers(tiny_run):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from rlhf.models import load_reward_model, reward_scores
+    from rlhf.models.modeling import load_reward_model, reward_scores
 
     path = tiny_run / "reward" / "model"
     plain = AutoModelForSequenceClassification.from_pretrained(path).eval()

@@ -1,4 +1,4 @@
-"""rlhf.pipeline (what run_all.sh runs) in-process, with the stage processes faked: which stages start, what a
+"""rlhf.pipeline.driver (what run_all.sh runs) in-process, with the stage processes faked: which stages start, what a
 run that skipped every stage leaves in timing_s, the command a failure tells the user to resume with, and the
 checks made before any stage starts. (tests/test_pipeline_e2e.py runs the real stages.)"""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from rlhf import pipeline
-from rlhf.cli import parse_stage_args
-from rlhf.config import load_config, preset_path
-from rlhf.errors import UserError
-from rlhf.run import STAGE_SCRIPTS, STAGES, RunDir
-from rlhf.signals import Interrupted
+from rlhf.core.errors import UserError
+from rlhf.pipeline import driver as pipeline
+from rlhf.stage.cli import parse_stage_args
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import STAGE_SCRIPTS, STAGES, RunDir
+from rlhf.stage.signals import Interrupted
 
 
 class FakeStages:
@@ -212,7 +212,7 @@ def test_help_lists_every_argument_and_answers_before_torch_loads(capsys):
     assert exit_info.value.code == 0 and text.startswith("usage: bash run_all.sh")
     for item in ("--only", "--from", "--preset", "--config", "--output-dir", "--force", "section.key=value"):
         assert item in text
-    assert "rlhf/config.py" in " ".join(text.split())  # where every key is
+    assert "rlhf/stage/config.py" in " ".join(text.split())  # where every key is
     # a mistyped flag is run_all.sh's usage error, not the "pipeline stage" parser's
     with pytest.raises(SystemExit) as exit_info:
         pipeline.parse_args(["--presett", "tiny"])

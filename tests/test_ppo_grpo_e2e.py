@@ -220,7 +220,7 @@ def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_eval
 
 
 def test_grpo_trains_the_same_with_and_without_packed_groups(rl_run, tmp_path):
-    """grpo.pack_groups computes each group's prompt once (rlhf/group_rows.py): the same samples, losses and
+    """grpo.pack_groups computes each group's prompt once (rlhf/rollout/packing.py): the same samples, losses and
     weights as separate rows, to float rounding."""
     runs = {}
     for packed in ("true", "false"):
@@ -260,7 +260,7 @@ def test_grpo_trains_the_same_with_and_without_packed_groups(rl_run, tmp_path):
 def test_a_reward_function_is_the_training_score(rl_run, tmp_path, stage, spec, model_weight, function_weight):
     from reward_fixtures import CONSTANT
 
-    from rlhf.models import load_tokenizer
+    from rlhf.models.modeling import load_tokenizer
 
     run = tmp_path / "run"
     shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))

@@ -1,13 +1,13 @@
-"""RAFT's pure parts (rlhf/raft.py): which samples a round keeps, worked out by hand, and the config
+"""RAFT's pure parts (rlhf/methods/raft.py): which samples a round keeps, worked out by hand, and the config
 rules and derived sizes, whose errors are one line naming the keys to change."""
 
 import pytest
 import torch
 
-from rlhf.config import RAFTConfig, load_config, preset_path
-from rlhf.errors import UserError
-from rlhf.evaluation import best_of_n_choice
-from rlhf.raft import check_raft_config, kept_rows, plan_raft, select_top_k, tied_prompts
+from rlhf.analysis.evaluation import best_of_n_choice
+from rlhf.core.errors import UserError
+from rlhf.methods.raft import check_raft_config, kept_rows, plan_raft, select_top_k, tied_prompts
+from rlhf.stage.config import RAFTConfig, load_config, preset_path
 
 # Two prompts, N = 4 samples each. Prompt 0 ties at 0.7 (samples 1 and 3); prompt 1 has no tie.
 SCORES = torch.tensor([[0.1, 0.7, 0.3, 0.7], [2.0, -1.0, 0.5, 1.0]])

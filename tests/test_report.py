@@ -18,10 +18,10 @@ from conftest import REPO
 from safetensors.numpy import save_file
 
 from rlhf import report as R
-from rlhf.config import load_config, preset_path
 from rlhf.report.html import markdown_to_html
 from rlhf.report.samples import PromptSamples, pick_disagreements, score_key, side_by_side
-from rlhf.run import RunDir
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import RunDir
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -191,7 +191,7 @@ def test_a_section_that_breaks_becomes_a_visible_note():
 
 
 def test_report_figures_draw_nothing_from_nothing(tmp_path):
-    from rlhf import plots
+    from rlhf.analysis import plots
 
     path = tmp_path / "figure.png"
     assert plots.plot_reward_vs_kl({"SFT": {"kl": None, "reward": math.nan}}, [], "best-of-N", path) is False
@@ -880,7 +880,7 @@ def test_pipeline_total_is_not_a_stage_of_the_timing_table():
 
 def test_reward_vs_kl_names_every_model_in_its_legend(tmp_path, monkeypatch):
     """Models near SFT sit on top of each other: labels written beside the points overlapped; a legend cannot."""
-    from rlhf import plots
+    from rlhf.analysis import plots
 
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
@@ -984,7 +984,7 @@ def test_without_gold_the_samples_are_the_reward_models_disagreements():
 
 
 def test_single_point_metrics_are_not_drawn_as_curves(tmp_path, monkeypatch):
-    from rlhf import plots
+    from rlhf.analysis import plots
 
     history = [{"step": s, "sft/train/loss": 1.0 / s} for s in (1, 2, 3)] + [{"step": 3, "sft/val/loss": 0.4}]
     assert plots.curve_keys(history, ["sft/train/loss", "sft/val/loss", "sft/absent"]) == ["sft/train/loss"]
@@ -1129,7 +1129,7 @@ def test_report_html_renders_in_a_headless_browser(reported, tmp_path):
 
 def test_the_training_curves_figure_has_a_row_for_every_trained_stage():
     """Online DPO's row was missing: REPORT_CURVE_KEYS named no key of it."""
-    from rlhf import plots
+    from rlhf.analysis import plots
     from rlhf.report import TRAINED_STAGES
 
     assert set(TRAINED_STAGES) <= set(plots.REPORT_CURVE_KEYS)

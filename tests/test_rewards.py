@@ -1,5 +1,5 @@
-"""Tests for rlhf.rewards (the reward spec: parsing, importing, run-time checks, the weighted sum)
-and the example reward function in rlhf.reward_functions. Expected values are worked out by hand."""
+"""Tests for rlhf.rollout.rewards (the reward spec: parsing, importing, run-time checks, the weighted sum)
+and the example reward function in rlhf.rollout.reward_functions. Expected values are worked out by hand."""
 
 import math
 import re
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from rlhf import task
-from rlhf.config import GRPOConfig, PPOConfig
-from rlhf.errors import UserError
-from rlhf.reward_functions import MAX_WORDS, concise_sentence
-from rlhf.rewards import (
+from rlhf.core.errors import UserError
+from rlhf.methods.plan import check_grpo_config, check_ppo_config
+from rlhf.rollout.reward_functions import MAX_WORDS, concise_sentence
+from rlhf.rollout.rewards import (
     MODEL,
     RewardSource,
     RewardTerm,
@@ -22,7 +22,7 @@ from rlhf.rewards import (
     load_reward_source,
     parse_reward_spec,
 )
-from rlhf.rl.plan import check_grpo_config, check_ppo_config
+from rlhf.stage.config import GRPOConfig, PPOConfig
 
 PROMPT = "\n\nHuman: What is 3 plus 4?\n\nAssistant:"
 
@@ -42,9 +42,9 @@ def close(actual, expected, tol=1e-6):
         ("model", [(1.0, MODEL, "model")], "model"),
         ("rlhf.task:gold_rewards", [(1.0, "rlhf.task:gold_rewards", "gold_rewards")], "rlhf.task:gold_rewards"),
         (
-            "model + 0.5*rlhf.reward_functions:concise_sentence",
-            [(1.0, MODEL, "model"), (0.5, "rlhf.reward_functions:concise_sentence", "concise_sentence")],
-            "model + 0.5*rlhf.reward_functions:concise_sentence",
+            "model + 0.5*rlhf.rollout.reward_functions:concise_sentence",
+            [(1.0, MODEL, "model"), (0.5, "rlhf.rollout.reward_functions:concise_sentence", "concise_sentence")],
+            "model + 0.5*rlhf.rollout.reward_functions:concise_sentence",
         ),
         (
             " 2 * model-1e-1*pkg.mod:fn ",
@@ -124,11 +124,11 @@ def test_load_reward_function_finds_functions_and_names_every_mistake(tmp_path, 
 
 
 def test_stage_config_checks_import_the_reward_at_start_up():
-    check_ppo_config(PPOConfig(reward="model + 0.5*rlhf.reward_functions:concise_sentence", eval_every=4))
+    check_ppo_config(PPOConfig(reward="model + 0.5*rlhf.rollout.reward_functions:concise_sentence", eval_every=4))
     with pytest.raises(
-        UserError, match=re.escape("ppo.reward: module 'rlhf.reward_functions' has no function 'concise'")
+        UserError, match=re.escape("ppo.reward: module 'rlhf.rollout.reward_functions' has no function 'concise'")
     ):
-        check_ppo_config(PPOConfig(reward="rlhf.reward_functions:concise"))
+        check_ppo_config(PPOConfig(reward="rlhf.rollout.reward_functions:concise"))
     with pytest.raises(UserError, match=re.escape("grpo.reward: unknown reward source 'gold'")):
         check_grpo_config(GRPOConfig(reward="gold"))
     with pytest.raises(UserError, match=r"grpo.eval_every=-1 must be >= 0 \(0: only the final evaluation\)"):
@@ -172,10 +172,12 @@ def test_combine_rewards_by_hand():
 
 
 def test_reward_source_scores_a_batch_with_the_model_and_functions():
-    source = RewardSource("model + 0.5*rlhf.reward_functions:concise_sentence - 2*rlhf.task:gold_rewards", "ppo.reward")
+    source = RewardSource(
+        "model + 0.5*rlhf.rollout.reward_functions:concise_sentence - 2*rlhf.task:gold_rewards", "ppo.reward"
+    )
     assert (
         source.uses_model
-        and source.spec == "model + 0.5*rlhf.reward_functions:concise_sentence - 2*rlhf.task:gold_rewards"
+        and source.spec == "model + 0.5*rlhf.rollout.reward_functions:concise_sentence - 2*rlhf.task:gold_rewards"
     )
     prompts, responses = [PROMPT, PROMPT], [" 3 plus 4 is 7.", " 3 plus 4 is 9"]
     gold = [task.gold_score(p, r) for p, r in zip(prompts, responses)]

@@ -1,6 +1,6 @@
-"""Tests for the rlhf.rl package (and the PPO value model in rlhf.models). Expected values are worked out by
-hand in each test; GAE, whitening, the PPO/GRPO losses and the KL estimators are tested in
-test_ops.py and test_losses.py."""
+"""Tests for the online stages' library (rlhf.online, rlhf.methods; the PPO value model in rlhf.models.modeling).
+Expected values are worked out by hand in each test; GAE, whitening, the PPO/GRPO losses and the KL estimators are
+tested in test_ops.py and test_losses.py."""
 
 import contextlib
 import json
@@ -13,41 +13,42 @@ import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from rlhf import task
-from rlhf.config import GRPOConfig, PPOConfig, RLConfig, load_config, preset_path
-from rlhf.errors import UserError
-from rlhf.evaluation import sequence_kl
-from rlhf.models import PolicyAndValue, disable_dropout, reward_scores, token_logprobs, value_model_from_reward
-from rlhf.rl.checkpoints import load_rl_checkpoint, save_rl_checkpoint
-from rlhf.rl.held_out import (
-    compare_with_sft,
-    eval_due,
-    eval_metrics,
-    evaluate_against_sft,
-    final_line,
-    held_out_eval,
-    summarize_samples,
-)
-from rlhf.rl.passes import (
-    accumulation_weights,
-    align_values,
-    micro_batches,
-    minibatch_indices,
-    shifted_entropy,
-    shifted_logprobs,
-)
-from rlhf.rl.plan import check_context, check_grpo_config, check_ppo_config, plan_rl
-from rlhf.rl.prompts import check_gold_prompts, iteration_prompts, load_rl_prompts, local_prompt_rows
-from rlhf.rl.roles import check_frozen, frozen_digests, weights_digest
-from rlhf.rl.shaping import (
+from rlhf.analysis.evaluation import sequence_kl
+from rlhf.core.errors import UserError
+from rlhf.core.ops import shifted_entropy, shifted_logprobs
+from rlhf.core.winrates import head_to_head
+from rlhf.methods.passes import accumulation_weights, align_values, micro_batches, minibatch_indices
+from rlhf.methods.plan import check_grpo_config, check_ppo_config, plan_rl
+from rlhf.methods.shaping import (
     AdaptiveKLController,
     FixedKLController,
     apply_missing_eos_penalty,
     make_kl_controller,
     shape_rewards,
 )
-from rlhf.rl.stats import flat_reward_warning, gold_metrics, head_to_head, loop_costs, pearson, response_metrics
-from rlhf.rollout import SamplingConfig, eval_sampling
-from rlhf.run import RunDir
+from rlhf.models.modeling import (
+    PolicyAndValue,
+    check_context,
+    disable_dropout,
+    reward_scores,
+    token_logprobs,
+    value_model_from_reward,
+)
+from rlhf.models.roles import check_frozen, frozen_digests, weights_digest
+from rlhf.online.checkpoints import load_rl_checkpoint, save_rl_checkpoint
+from rlhf.online.held_out import (
+    HeldOut,
+    compare_with_sft,
+    eval_due,
+    eval_metrics,
+    final_line,
+    summarize_samples,
+)
+from rlhf.online.prompts import check_gold_prompts, iteration_prompts, load_rl_prompts, local_prompt_rows
+from rlhf.online.stats import flat_reward_warning, gold_metrics, loop_costs, pearson, response_metrics
+from rlhf.rollout.batch import SamplingConfig, eval_sampling
+from rlhf.stage.config import GRPOConfig, PPOConfig, RLConfig, load_config, preset_path
+from rlhf.stage.run import RunDir
 
 
 def close(actual, expected, tol=1e-6):
@@ -411,7 +412,7 @@ def test_compare_with_sft_uses_the_gold_judge_head_to_head():
 
 @pytest.mark.parametrize("separate", [True, False])
 def test_ppo_optimizer_gives_the_critic_its_own_learning_rate(separate):
-    from rlhf.rl.passes import build_ppo_optimizer
+    from rlhf.methods.passes import build_ppo_optimizer
 
     policy = GPT2LMHeadModel(tiny_gpt2())
     critic = value_model_from_reward(GPT2ForSequenceClassification(tiny_gpt2(num_labels=1))) if separate else None
@@ -497,12 +498,12 @@ def test_eval_metrics_and_final_line_by_hand():
 def test_no_held_out_prompts_skip_every_evaluation(tmp_path):
     """`<stage>.eval_prompts=0` skips the held-out evaluations: no model is touched (None here), no
     results but the count, and the last line says so."""
-    from rlhf.rl.prompts import RLPrompts
+    from rlhf.online.prompts import RLPrompts
 
     prompts = RLPrompts(["\n\nHuman: What is 3 plus 4?\n\nAssistant:"], [], [[5, 6, 7]], [])
-    no_models = (None, None, None, None, None, prompts, None, 0, 8, None, True)  # no engine either
-    assert evaluate_against_sft(*no_models) == ({"eval_prompts": 0}, [])
-    assert held_out_eval("raft", *no_models) == {}
+    no_models = HeldOut(None, None, None, prompts, None, 0, 8, None, True)  # no engine either
+    assert no_models.against_sft(None, None) == ({"eval_prompts": 0}, [])
+    assert no_models.metrics("raft", None, None) == {}
     assert final_line("raft", {"eval_prompts": 0, "rounds": 4}) == "[raft] no held-out evaluation (raft.eval_prompts=0)"
     with pytest.raises(UserError, match=r"^ppo.eval_prompts=-1 must be >= 0 \(0: no held-out evaluation\)$"):
         load_rl_prompts("ppo", RunDir(tmp_path), load_config(preset_path("tiny")), None, -1)
@@ -540,10 +541,10 @@ def test_summarize_samples_by_hand():
 
 
 def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
-    from rlhf.engines import HFEngine
-    from rlhf.models import train_tokenizer
-    from rlhf.rl.prompts import RLPrompts
-    from rlhf.rollout import SamplingConfig
+    from rlhf.models.modeling import train_tokenizer
+    from rlhf.online.prompts import RLPrompts
+    from rlhf.rollout.batch import SamplingConfig
+    from rlhf.rollout.engines import HFEngine
 
     texts = [
         "\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.",
@@ -579,8 +580,8 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
     engine = HFEngine(tokenizer, 8)
 
     def evaluate(model):
-        return held_out_eval(
-            "grpo", engine, model, sft, reward, tokenizer, prompts, sampling, 3, 8, accelerator, gold=True
+        return HeldOut(engine, reward, tokenizer, prompts, sampling, 3, 8, accelerator, gold=True).metrics(
+            "grpo", model, sft
         )
 
     rng = torch.get_rng_state()
@@ -600,10 +601,10 @@ def test_held_out_eval_measures_kl_to_sft_and_leaves_the_training_rng_alone():
 def test_eval_kl_from_the_samplers_logits_is_the_forward_pass_kl_in_float32_only(monkeypatch):
     """sample_for_eval(sampler_logprobs=True): generate's own logits stand in for the policy's forward pass in float32
     (the KL within 1e-5 of the forward pass's, same samples); under autocast the policy is scored by a forward pass."""
-    from rlhf.engines import HFEngine
-    from rlhf.models import train_tokenizer
-    from rlhf.rl.held_out import sample_for_eval
-    from rlhf.rollout import SamplingConfig
+    from rlhf.models.modeling import train_tokenizer
+    from rlhf.rollout.batch import SamplingConfig
+    from rlhf.rollout.engines import HFEngine
+    from rlhf.rollout.evaluation import sample_for_eval
 
     texts = ["\n\nHuman: What is 3 plus 4?\n\nAssistant: 3 plus 4 is 7.", "\n\nHuman: Hi?\n\nAssistant: Hello."]
     tokenizer = train_tokenizer(texts * 10, vocab_size=300)
@@ -646,7 +647,7 @@ def test_eval_kl_from_the_samplers_logits_is_the_forward_pass_kl_in_float32_only
             sampler_logprobs=sampler_logprobs,
         )
 
-    import rlhf.rl.held_out as held_out
+    import rlhf.rollout.evaluation as held_out
 
     scored = []  # the models a forward pass scored
     forward_pass = held_out.rollout_logprobs

@@ -1,4 +1,4 @@
-"""Tests for rlhf.rollout: EOS truncation and masking, the right-padded layout, log-probs from
+"""Tests for rlhf.rollout.batch: EOS truncation and masking, the right-padded layout, log-probs from
 generation vs a teacher-forced forward pass, chunked no-grad passes, and reward scoring at the
 last real token, directly and through a different tokenizer."""
 
@@ -6,20 +6,15 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
-from rlhf.models import disable_dropout, reward_scores, token_logprobs, train_tokenizer
-from rlhf.rl.stats import response_metrics
-from rlhf.rollout import (
-    Rollout,
+from rlhf.models.modeling import disable_dropout, reward_scores, token_logprobs, train_tokenizer
+from rlhf.online.stats import response_metrics
+from rlhf.rollout.batch import Rollout, SamplingConfig
+from rlhf.rollout.forward import forward_in_chunks, retokenize, rollout_logprobs, same_tokenizer, score_rollout
+from rlhf.rollout.generate import (
     RowSeededSampling,
-    SamplingConfig,
-    forward_in_chunks,
     generate_rollout,
-    retokenize,
-    rollout_logprobs,
-    same_tokenizer,
     sample_responses,
     sampling_seeds,
-    score_rollout,
     truncate_after_eos,
 )
 

@@ -2,7 +2,7 @@
 
 import json
 
-from rlhf.run import RunDir
+from rlhf.stage.run import RunDir
 
 
 def test_a_rerun_stage_replaces_its_section_and_timings_merge(tmp_path):
@@ -37,7 +37,7 @@ def test_each_stage_records_the_threads_it_ran_with_beside_its_timing(tmp_path):
 def test_a_stage_that_replaces_a_result_made_with_other_settings_says_so_as_it_starts(tmp_path, capsys):
     """A stage run by hand with an override, then the preset again: the second run names the setting that
     differs and the folder it replaces, before it clears the first one's result."""
-    from rlhf.cli import start_stage
+    from rlhf.stage.cli import start_stage
 
     out = ["--preset", "tiny", "--output-dir", str(tmp_path)]
     started = start_stage("dpo", [*out, "dpo.beta=0.3"])

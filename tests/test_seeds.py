@@ -1,5 +1,5 @@
 """Seed spread: run.method_seed re-seeds only the alignment stages; the crossed seeds × prompts interval
-(rlhf/seeds.py) by hand and by simulated coverage; the aggregation of seed runs' eval answers; the report's
+(rlhf/analysis/seeds.py) by hand and by simulated coverage; the aggregation of seed runs' eval answers; the report's
 section; part4_eval/seeds.py's checks, seed folders and, slow, one real run of it with 2 seeds."""
 
 from __future__ import annotations
@@ -18,12 +18,7 @@ import pytest
 import torch
 from conftest import REPO, TINY_TEST_OVERRIDES
 
-from rlhf.config import load_config, preset_path
-from rlhf.errors import UserError
-from rlhf.report import RunData, render_report
-from rlhf.report.seeds_section import section_seeds
-from rlhf.run import METHOD_STAGES, RunDir, stage_seed, write_json_atomic
-from rlhf.seeds import (
+from rlhf.analysis.seeds import (
     aggregate_seed_runs,
     crossed_mean_interval,
     crossed_mean_squares,
@@ -34,7 +29,12 @@ from rlhf.seeds import (
     student_t_two_sided_p,
     win_rate_block,
 )
-from rlhf.training import make_accelerator
+from rlhf.core.errors import UserError
+from rlhf.models.training import make_accelerator
+from rlhf.report import RunData, render_report
+from rlhf.report.seeds_section import section_seeds
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import METHOD_STAGES, RunDir, stage_seed, write_json_atomic
 
 _spec = importlib.util.spec_from_file_location("seeds_script", REPO / "part4_eval" / "seeds.py")
 seeds_script = importlib.util.module_from_spec(_spec)

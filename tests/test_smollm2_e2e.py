@@ -107,7 +107,7 @@ def test_every_stage_completes_and_the_report_names_its_judges(run_dir):
 def test_the_dequantized_model_is_a_plain_checkpoint_that_computes_what_the_gguf_does(run_dir):
     from transformers import AutoModelForCausalLM
 
-    from rlhf.model_sources import locate_gguf
+    from rlhf.models.sources import locate_gguf
 
     base = run_dir / "data" / "base_model"
     assert (base / "model.safetensors").is_file() and "quantization_config" not in json.loads(
@@ -123,7 +123,7 @@ def test_the_dequantized_model_is_a_plain_checkpoint_that_computes_what_the_gguf
 
 @pytest.fixture(scope="module")
 def tokenizer(run_dir):
-    from rlhf.models import load_tokenizer
+    from rlhf.models.modeling import load_tokenizer
 
     return load_tokenizer(run_dir / "data" / "tokenizer")
 
@@ -137,7 +137,7 @@ def test_pad_is_not_eos_and_prompts_are_in_the_chat_template(run_dir, tokenizer)
 
 
 def test_sft_labels_end_on_eos(tokenizer):
-    from rlhf.batching import collate_sequences, encode_demonstrations
+    from rlhf.core.batching import collate_sequences, encode_demonstrations
 
     rows = [{"prompt": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "response": "Hello there."}]
     (prompt, response), *_ = encode_demonstrations(tokenizer, rows)
@@ -149,8 +149,8 @@ def test_sft_labels_end_on_eos(tokenizer):
 
 
 def test_reward_pooling_reads_the_eos_whatever_the_padding(run_dir, tokenizer):
-    from rlhf.batching import collate_sequences, encode_responses, encode_texts
-    from rlhf.models import load_reward_model, reward_scores
+    from rlhf.core.batching import collate_sequences, encode_responses, encode_texts
+    from rlhf.models.modeling import load_reward_model, reward_scores
 
     model = load_reward_model(run_dir / "reward" / "model").eval()
     assert model.config.pad_token_id == tokenizer.pad_token_id != tokenizer.eos_token_id
@@ -169,8 +169,8 @@ def _ids(batch: dict) -> dict:
 
 
 def test_eos_detection_and_the_missing_eos_penalty_see_the_real_eos(tokenizer):
-    from rlhf.rl.shaping import apply_missing_eos_penalty
-    from rlhf.rollout import truncate_after_eos
+    from rlhf.methods.shaping import apply_missing_eos_penalty
+    from rlhf.rollout.generate import truncate_after_eos
 
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     generated = torch.tensor([[40, 41, eos, 42, 43], [40, 41, 42, 43, 44]])

@@ -1,5 +1,6 @@
-"""rlhf.stage_process: a stage script run forked from a process that imported its libraries behaves as it does in a
-fresh interpreter (exit codes, errors, argv, output, stop signals), and the fork is used only where it is safe."""
+"""rlhf.pipeline.stage_process: a stage script run forked from a process that imported its libraries behaves as it
+does in a fresh interpreter (exit codes, errors, argv, output, stop signals), and the fork is used only where it is
+safe."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from rlhf import stage_process
+from rlhf.pipeline import stage_process
 
 REPO = Path(__file__).resolve().parent.parent
 FORKING = stage_process.fork_supported()
 
-# Runs each fake stage through run_stage_script from a process that preloaded first, as rlhf.pipeline does, and
+# Runs each fake stage through run_stage_script from a process that preloaded first, as rlhf.pipeline.driver does, and
 # prints one JSON line: how it ran them and what each returned.
 DRIVER = """
 import json, os, sys, tempfile
-from rlhf.stage_process import can_fork, preload, run_stage_script
+from rlhf.pipeline.stage_process import can_fork, preload, run_stage_script
 preload()
 mode = "fork" if can_fork() else "fresh"
 mine = tempfile.TemporaryDirectory()  # the driver's: a stage's exit must not remove it
@@ -106,11 +107,11 @@ open("received", "w").write(" ".join(received))
 sys.exit(128 + signal.Signals[received[0]].value)
 """
 
-# Runs the stage as rlhf.pipeline does, under graceful_stops.
+# Runs the stage as rlhf.pipeline.driver does, under graceful_stops.
 SIGNAL_DRIVER = """
 import sys
-from rlhf.signals import Interrupted, graceful_stops
-from rlhf.stage_process import preload, run_stage_script
+from rlhf.stage.signals import Interrupted, graceful_stops
+from rlhf.pipeline.stage_process import preload, run_stage_script
 preload()
 try:
     with graceful_stops():
@@ -160,7 +161,7 @@ def test_no_fork_from_a_process_that_started_threads(monkeypatch):
     """A thread started after the preload (torch's OpenMP pool, a test runner's) makes the stages start fresh; one
     that stopped since (OpenBLAS stops its pool before each fork) does not."""
     if not FORKING:
-        pytest.skip("forking stages is not supported here (rlhf.stage_process.fork_supported)")
+        pytest.skip("forking stages is not supported here (rlhf.pipeline.stage_process.fork_supported)")
     now = stage_process.threads()
     monkeypatch.setattr(threading, "active_count", lambda: 1)  # the test runner's own Python threads aside
     monkeypatch.setattr(stage_process, "_threads_after_preload", now)
@@ -193,7 +194,7 @@ def test_the_tests_fork_their_stage_scripts_unless_a_library_may_have_read_the_e
     import forked
 
     if not FORKING:
-        pytest.skip("forking stages is not supported here (rlhf.stage_process.fork_supported)")
+        pytest.skip("forking stages is not supported here (rlhf.pipeline.stage_process.fork_supported)")
     same = {**os.environ, "PYTEST_CURRENT_TEST": "another test (call)", "PYTHONUNBUFFERED": "1"}
     assert forked.forkable({**same, "RLHF_FAULT": "kill@checkpoint:2", "OPENAI_API_KEY": "sk-test"})
     assert not forked.forkable({**same, "HF_HUB_OFFLINE": "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1"})

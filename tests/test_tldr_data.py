@@ -9,7 +9,8 @@ import types
 import pytest
 from tldr_fixtures import cnndm_comparison, post, preprocessed_comparison, query, raw_comparison, write_jsonl
 
-from rlhf.config import load_config
+from rlhf.analysis.evaluation import rouge_l, win_rate_pairings
+from rlhf.core.errors import UserError
 from rlhf.data import (
     DEMONSTRATION_FORMATS,
     PAIR_FORMATS,
@@ -21,8 +22,7 @@ from rlhf.data import (
     tldr_demonstration_row,
     tldr_pair_row,
 )
-from rlhf.errors import UserError
-from rlhf.evaluation import rouge_l, win_rate_pairings
+from rlhf.stage.config import load_config
 
 
 def test_preprocessed_comparison_uses_its_query_and_strips_the_eos_text():

@@ -7,9 +7,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlhf.config import ModelConfig, RewardConfig
-from rlhf.errors import UserError
-from rlhf.models import build_policy, build_reward_model, train_tokenizer
+from rlhf.core.errors import UserError
+from rlhf.models.modeling import build_policy, build_reward_model, train_tokenizer
+from rlhf.stage.config import ModelConfig, RewardConfig
 
 TINY_NEOX = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
 

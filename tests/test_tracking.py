@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from rlhf.config import Config
-from rlhf.tracking import MetricLogger
+from rlhf.stage.config import Config
+from rlhf.stage.tracking import MetricLogger
 
 
 def logged_steps(path):

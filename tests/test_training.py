@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlhf.config import TrainConfig
-from rlhf.errors import UserError
-from rlhf.reward_analysis import accuracy_by_group, error_categories, pearson
-from rlhf.run import RunDir
-from rlhf.training import build_optimizer, epoch_order, forward_map, optimizer_step, plan_steps, train_step
+from rlhf.analysis.reward_analysis import accuracy_by_group, error_categories, pearson
+from rlhf.core.errors import UserError
+from rlhf.models.training import build_optimizer, epoch_order, forward_map, optimizer_step, plan_steps, train_step
+from rlhf.stage.config import TrainConfig
+from rlhf.stage.run import RunDir
 
 
 def test_plan_steps_derives_accumulation_and_total():
@@ -203,7 +203,7 @@ GRAVITON3 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
     "cpuinfo, expected", [(AVX2_EPYC, False), (SAPPHIRE_RAPIDS, True), (GRAVITON3, True), ("processor : 0\n", None)]
 )
 def test_bf16_arithmetic_is_read_from_the_cpu_flags(cpuinfo, expected):
-    from rlhf.training import cpu_computes_bf16
+    from rlhf.models.training import cpu_computes_bf16
 
     assert cpu_computes_bf16(cpuinfo) is expected
 
@@ -211,7 +211,7 @@ def test_bf16_arithmetic_is_read_from_the_cpu_flags(cpuinfo, expected):
 @pytest.mark.parametrize("cpuinfo", [AVX2_EPYC, SAPPHIRE_RAPIDS])
 @pytest.mark.parametrize("mixed_precision", ["bf16", "no"])
 def test_bf16_without_bf16_arithmetic_is_one_line_at_start_up(monkeypatch, cpuinfo, mixed_precision):
-    import rlhf.training as training
+    import rlhf.models.training as training
 
     real_read = Path.read_text
     monkeypatch.setattr(Path, "read_text", lambda p, *a, **k: cpuinfo if str(p) == "/proc/cpuinfo" else real_read(p))
@@ -227,7 +227,7 @@ def test_bf16_without_bf16_arithmetic_is_one_line_at_start_up(monkeypatch, cpuin
 
 
 def test_a_shared_cpu_gets_advice_only_while_idle_threads_spin(monkeypatch):
-    import rlhf.training as training
+    import rlhf.models.training as training
 
     printed = []
     accelerator = SimpleNamespace(device=torch.device("cpu"), print=printed.append)

@@ -1,11 +1,11 @@
-"""Tests for rlhf.winrates. Expected values are worked out by hand in the comments."""
+"""Tests for rlhf.core.winrates. Expected values are worked out by hand in the comments."""
 
 import math
 
 import numpy as np
 import pytest
 
-from rlhf import winrates as W
+from rlhf.core import winrates as W
 
 # ----------------------------------------------------------------------------- position-swap aggregation
 

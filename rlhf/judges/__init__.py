@@ -1,7 +1,7 @@
 """Pairwise judges: given (prompt, response shown first, response shown second), say which is better.
 
 Every judge returns, per presentation order, a verdict "A" (first shown is better), "B"
-(second shown), "tie" or "invalid" (see rlhf.winrates), and `Judge.compare(prompts,
+(second shown), "tie" or "invalid" (see rlhf.core.winrates), and `Judge.compare(prompts,
 responses_a, responses_b)` turns that into one outcome per prompt for model A vs model B:
 
 - `GoldJudge`    the embedded task's exact gold score (rlhf.task.gold_score); offline.
@@ -12,7 +12,7 @@ responses_a, responses_b)` turns that into one outcome per prompt for model A vs
                  OpenAI-compatible server (vLLM, Ollama) via `base_url` / OPENAI_BASE_URL.
 
 Exact judges are symmetric, so each pair is scored once; the LLM judge sees each pair in both
-orders at temperature 0 and `rlhf.winrates.outcomes_from_verdicts` combines the two verdicts,
+orders at temperature 0 and `rlhf.core.winrates.outcomes_from_verdicts` combines the two verdicts,
 cancelling position bias (Zheng et al. 2023, arXiv 2306.05685, "swap positions").
 
 One judge per module: `base` (the contract: `JudgeSettings`, `Judgment`, `Comparison`, `Judge`,

@@ -2,9 +2,9 @@
 `Judge` interface every judge implements, and `combine_batch_info` for a run's totals.
 
 A judge returns, per presentation order, a verdict "A" (first shown is better), "B" (second
-shown), "tie" or "invalid" (see rlhf.winrates); `Judge.compare` turns the verdicts into one outcome
+shown), "tie" or "invalid" (see rlhf.core.winrates); `Judge.compare` turns the verdicts into one outcome
 per prompt for model A vs model B: a symmetric judge is asked once per pair, an asymmetric one
-(the LLM judge) in both orders, and `rlhf.winrates.outcomes_from_verdicts` combines the two,
+(the LLM judge) in both orders, and `rlhf.core.winrates.outcomes_from_verdicts` combines the two,
 cancelling position bias (Zheng et al. 2023, arXiv 2306.05685, "swap positions").
 """
 
@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from rlhf.errors import UserError
-from rlhf.winrates import outcomes_from_verdicts, win_rate_summary
+from rlhf.core.errors import UserError
+from rlhf.core.winrates import outcomes_from_verdicts, win_rate_summary
 
 Item = tuple[str, str, str]  # (prompt, response shown first, response shown second)
 
@@ -95,7 +95,7 @@ class Comparison:
     info: dict = field(default_factory=dict)  # judge settings, prompt version, counts, usage and cost
 
     def summary(self) -> dict:
-        """`rlhf.winrates.win_rate_summary` of the outcomes."""
+        """`rlhf.core.winrates.win_rate_summary` of the outcomes."""
         return win_rate_summary(self.outcomes)
 
     def problems(self) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rlhf import task
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 from rlhf.judges.base import Item, Judge, Judgment, verdict_from_scores
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 from rlhf.judges.base import Item, Judge, JudgeSettings, Judgment
 from rlhf.judges.cache import JudgmentCache, cache_key
 from rlhf.judges.prompt import (

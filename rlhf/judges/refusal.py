@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from rlhf.winrates import Z_95, sign_test_p
+from rlhf.core.winrates import Z_95, sign_test_p
 
 REFUSAL_WINDOW = 200  # characters of the response's opening that are read
 _REFUSAL = re.compile(

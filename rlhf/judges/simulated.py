@@ -8,7 +8,7 @@ import random
 from collections.abc import Sequence
 
 from rlhf import task
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 from rlhf.judges.base import Item, Judge, Judgment
 
 

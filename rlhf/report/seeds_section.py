@@ -1,10 +1,12 @@
 """The report's seed-spread section: each method over K seeds (`part4_eval/seeds.py`): the methods alone on this
 run's data, SFT and reward model (seeds/summary.json), and the whole pipeline redrawn per seed
-(pipeline_seeds/summary.json), with intervals over seeds × prompts and Holm-adjusted p-values (`rlhf/seeds.py`).
+(pipeline_seeds/summary.json), with intervals over seeds × prompts and Holm-adjusted p-values
+(`rlhf/analysis/seeds.py`).
 Absent until seeds.py has run."""
 
 from __future__ import annotations
 
+from rlhf.analysis.seeds import FEW_SEEDS
 from rlhf.report.contract import JUDGES, NA, RunData
 from rlhf.report.format import (
     eval_split,
@@ -17,7 +19,6 @@ from rlhf.report.format import (
     note,
     parse_pairing,
 )
-from rlhf.seeds import FEW_SEEDS
 
 HEADLINE_PAIR = "online_dpo_vs_dpo"  # the comparison the spread was built for, said in words when present
 
@@ -90,8 +91,8 @@ def spread_lines(data: RunData, seeds: dict, scope: str) -> list[str]:
         + f" Judge: `{judge}`, {JUDGES.get(judge, 'a judge this report does not describe')}. Each method is "
         "compared with the SFT answers of its own seed run. *mean* is over seeds × prompts; its 95% interval counts "
         "both the seeds and the prompts (two-way random-effects ANOVA with Satterthwaite's degrees of freedom, "
-        "`rlhf/seeds.py`), so it is wider than one run's interval, which counts the prompts alone; *sd* is the "
-        "spread of the per-seed values. *Holm p* tests a win rate of 0.5 with the same standard error, adjusted "
+        "`rlhf/analysis/seeds.py`), so it is wider than one run's interval, which counts the prompts alone; *sd* "
+        "is the spread of the per-seed values. *Holm p* tests a win rate of 0.5 with the same standard error, adjusted "
         "over its family (the comparisons with SFT; the head-to-heads): a verdict needs Holm p < 0.05.",
         "",
     ]
@@ -113,7 +114,7 @@ def spread_lines(data: RunData, seeds: dict, scope: str) -> list[str]:
         lines += [
             note(
                 f"Only {seeds['n_seeds']} seeds: where the seeds matter, an interval from fewer than {FEW_SEEDS} "
-                "covers less than 95% (about 85% with 2 seeds in the simulations of `rlhf/seeds.py`)."
+                "covers less than 95% (about 85% with 2 seeds in the simulations of `rlhf/analysis/seeds.py`)."
             ),
             "",
         ]

@@ -12,11 +12,11 @@ import torch
 from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from rlhf import task
-from rlhf.checkpoint import save_pretrained_atomic
-from rlhf.config import load_config, preset_path
 from rlhf.data import ParsedPair, parse_pair, write_jsonl
-from rlhf.models import REWARD_CONFIG_FILE, train_tokenizer
-from rlhf.run import RunDir
+from rlhf.models.checkpoint import save_pretrained_atomic
+from rlhf.models.modeling import REWARD_CONFIG_FILE, train_tokenizer
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import RunDir
 
 from .helpers import prepare_run, tiny_gpt2_config
 

@@ -1,5 +1,5 @@
 """Helpers of the bad-input suite: run a stage's real entry point in-process, exactly as its command
-line does (`rlhf.cli.run_stage(main)`), and check the one line the user gets."""
+line does (`rlhf.stage.cli.run_stage(main)`), and check the one line the user gets."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from unittest import mock
 import pytest
 from transformers import GPT2Config
 
-from rlhf.cli import run_stage
-from rlhf.run import COMPLETE_FILE
+from rlhf.stage.cli import run_stage
+from rlhf.stage.run import COMPLETE_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 SUMMARY = {"kept": True}  # what a run folder held before the failed stage started

@@ -11,7 +11,7 @@ import resource
 import pytest
 from conftest import run_script
 
-from rlhf.run import RunDir
+from rlhf.stage.run import RunDir
 
 from .helpers import assert_nothing_lost, assert_problem_and_fix, prepare_run
 

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from rlhf.config import load_config, preset_path
-from rlhf.errors import UserError
-from rlhf.rl.plan import plan_rl
-from rlhf.run import COMPLETE_FILE, RunDir
-from rlhf.training import plan_steps
+from rlhf.core.errors import UserError
+from rlhf.methods.plan import plan_rl
+from rlhf.models.training import plan_steps
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import COMPLETE_FILE, RunDir
 
 from .helpers import assert_nothing_lost, assert_problem_and_fix, fail_in_process, stage_module
 

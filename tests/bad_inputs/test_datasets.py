@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from rlhf.core.errors import UserError
 from rlhf.data import INVALID_REASONS, check_invalid_share
-from rlhf.errors import UserError
 
 from .helpers import (
     assert_nothing_lost,

@@ -16,7 +16,7 @@ import pytest
 from fake_openai import HUGE_CHARS, KEY, FakeOpenAI, hh, settings
 
 from rlhf import judges as J
-from rlhf.errors import UserError
+from rlhf.core.errors import UserError
 
 PROMPTS = [hh(f"What is {i} plus 1?") for i in range(5)]
 A = [f"GOOD {i + 1}." for i in range(5)]

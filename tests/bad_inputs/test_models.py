@@ -11,11 +11,11 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast, get_scheduler
 
-from rlhf.batching import collate_sequences, encode_responses, encode_texts
-from rlhf.checkpoint import save_training_state
-from rlhf.config import load_config, preset_path
-from rlhf.models import EOS_TOKEN, PAD_TOKEN, build_policy, load_tokenizer, token_logprobs
-from rlhf.run import RunDir
+from rlhf.core.batching import collate_sequences, encode_responses, encode_texts
+from rlhf.models.checkpoint import save_training_state
+from rlhf.models.modeling import EOS_TOKEN, PAD_TOKEN, build_policy, load_tokenizer, token_logprobs
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.run import RunDir
 
 from .helpers import (
     assert_nothing_lost,

@@ -1,11 +1,11 @@
 """A stage started before the stages it reads from: one line that names every stage missing (not one per run),
 the config keys a stage run with another config differs in, and commands that keep the run folder
-(`rlhf.run.RunDir.require`). Each way out the line names is then checked to work."""
+(`rlhf.stage.run.RunDir.require`). Each way out the line names is then checked to work."""
 
 from __future__ import annotations
 
-from rlhf.config import dump_yaml, load_config, preset_path
-from rlhf.run import RunDir
+from rlhf.stage.config import dump_yaml, load_config, preset_path
+from rlhf.stage.run import RunDir
 
 from .helpers import assert_nothing_lost, assert_problem_and_fix, fail_in_process
 

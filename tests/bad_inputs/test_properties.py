@@ -14,7 +14,9 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rlhf import losses as L
+from rlhf.core import losses as L
+from rlhf.core.errors import UserError
+from rlhf.core.ops import group_advantages
 from rlhf.data import (
     ASSISTANT,
     DROP_REASONS,
@@ -25,9 +27,7 @@ from rlhf.data import (
     read_rows,
     split_dialogue,
 )
-from rlhf.errors import UserError
-from rlhf.ops import group_advantages
-from rlhf.rewards import RewardSource
+from rlhf.rollout.rewards import RewardSource
 from rlhf.task import COUNTRIES, INSTRUCTIONS, NAMES, PEOPLE, hh, parse_prompt
 
 SOME = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -165,7 +165,7 @@ def test_bradley_terry_loss_is_finite_and_a_nan_reward_is_never_hidden(rewards, 
     chosen, rejected = rewards
     loss, stats = L.bradley_terry_loss(chosen, rejected, margin, label_smoothing)
     assert finite(loss, stats) and loss >= 0 and 0 <= stats["accuracy"] <= 1
-    # A NaN reward makes the loss NaN: the training loop then stops with a one-line error (rlhf.training.fit)
+    # A NaN reward makes the loss NaN: the training loop then stops with a one-line error (rlhf.models.training.fit)
     # instead of silently training on a number that means nothing.
     chosen[0] = torch.nan
     assert torch.isnan(L.bradley_terry_loss(chosen, rejected, margin, label_smoothing)[0])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import run_script
 
-from rlhf.faults import FAULT_OVERRIDES
+from rlhf.pipeline.faults import FAULT_OVERRIDES
 
 # SFT on the runner's budgets, smaller still: 12 steps of 16 examples, a checkpoint every 4 (~15 s on one core).
 SFT_ARGS = [

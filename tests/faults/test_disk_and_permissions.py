@@ -12,9 +12,9 @@ import errno
 import pytest
 import torch
 
-from rlhf.checkpoint import load_training_state, save_training_state
-from rlhf.errors import UserError
-from rlhf.faults import loadable_checkpoint_step, run_command, stage_command
+from rlhf.core.errors import UserError
+from rlhf.models.checkpoint import load_training_state, save_training_state
+from rlhf.pipeline.faults import loadable_checkpoint_step, run_command, stage_command
 
 from .conftest import SFT_ARGS, in_private_mounts, private_mounts_available, sft_folder, shell
 

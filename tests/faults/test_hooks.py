@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlhf import fault_points, signals
-from rlhf.rl.checkpoints import drop_samples_after
+from rlhf.online.checkpoints import drop_samples_after
 
 
 class OneProcess:

@@ -2,7 +2,7 @@
 step, and ends bitwise where an uninterrupted run ends.
 
 The fast test kills SFT halfway through writing its second checkpoint (RLHF_FAULT=kill@checkpoint:2,
-rlhf.faults.fault_point). The slow one runs the fault runner (`python -m rlhf.faults`) over every
+rlhf.stage.fault_points.fault_point). The slow one runs the fault runner (`python -m rlhf.pipeline.faults`) over every
 training stage and the eval stage, RLHF_FAULT_TRIALS trials each (3 try every kill kind), when that variable is set.
 """
 
@@ -17,7 +17,7 @@ import sys
 import pytest
 from conftest import REPO
 
-from rlhf.faults import STAGE_ORDER, differences, loadable_checkpoint_step, outcome, run_command, stage_command
+from rlhf.pipeline.faults import STAGE_ORDER, differences, loadable_checkpoint_step, outcome, run_command, stage_command
 
 from .conftest import SFT_ARGS, sft_folder
 
@@ -53,11 +53,11 @@ def test_a_different_weight_is_caught(data_run, sft_reference, tmp_path):
 @pytest.mark.skipif(
     "RLHF_FAULT_TRIALS" not in os.environ,
     reason="full fault trials run on demand (~10 min per trial on 2 cores): RLHF_FAULT_TRIALS=N bash run_tests.sh "
-    "tests/faults, or python -m rlhf.faults --trials N",
+    "tests/faults, or python -m rlhf.pipeline.faults --trials N",
 )
 def test_every_stage_survives_random_kills_and_ends_identical(tmp_path):
     trials = os.environ["RLHF_FAULT_TRIALS"]
-    command = [sys.executable, "-m", "rlhf.faults", "--trials", trials, "--output-dir", str(tmp_path)]
+    command = [sys.executable, "-m", "rlhf.pipeline.faults", "--trials", trials, "--output-dir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=3600)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     table = json.loads((tmp_path / "faults.json").read_text())["table"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from bad_inputs.helpers import fail_in_process
 
-from rlhf import fault_points
-from rlhf.cli import out_of_memory_advice
+from rlhf.stage import fault_points
+from rlhf.stage.cli import out_of_memory_advice
 
 from .conftest import SFT_ARGS, sft_folder
 

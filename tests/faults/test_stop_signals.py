@@ -16,14 +16,17 @@ import time
 import pytest
 from conftest import REPO
 
-from rlhf.faults import differences, loadable_checkpoint_step, outcome, run_command, stage_command
+from rlhf.pipeline.faults import differences, loadable_checkpoint_step, outcome, run_command, stage_command
 
 from .conftest import SFT_ARGS, sft_folder
 
 
 def signal_mid_training(command: list[str], metrics, signum: int) -> tuple[int, str]:
     """Start `command`, send `signum` once its `metrics` file shows a training row, wait; -> exit code, stderr."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as rlhf.faults.run_command: the reference ran with one thread
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+    }  # as rlhf.pipeline.faults.run_command: the reference ran with one thread
     process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not (metrics.is_file() and '"sft/train/loss"' in metrics.read_text()):

