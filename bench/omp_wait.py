@@ -1,13 +1,15 @@
 """OpenMP's wait policy on a shared CPU: one stage's training steps timed alone and beside another torch job, with
 torch's idle OpenMP threads spinning at each barrier (the default: OMP_WAIT_POLICY unset) or sleeping (PASSIVE).
 
-    python bench/omp_wait.py --run outputs/tiny [--stage sft] [--steps 30] [--warmup 3] [--repeats 2]
+    python bench/omp_wait.py --run outputs/tiny [--stage sft] [--steps 30] [--warmup 3] [--repeats 2] [--spincount N]
 
 The neighbour is another torch job of the tiny preset's kind: small matrix products at torch's default thread
 count, with the default (spinning) policy, as another user's job would run. Each configuration runs in a fresh
 process (`bench/run.py`'s `measure_stage`), interleaved over repeats; the median seconds per step of each is kept.
-Writes bench/results/<device>-<date>-omp-wait.json. The policy changes only how idle threads wait, never the
-arithmetic, so the stage's results are the same under both (docs/performance.md says where that was checked).
+`--spincount N` adds a third configuration, libgomp's `GOMP_SPINCOUNT=N` with the policy unset: an idle thread spins N
+times before it sleeps (unset: 300,000; PASSIVE: 0). Writes bench/results/<device>-<date>-omp-wait.json. The policy
+changes only how idle threads wait, never the arithmetic, so the stage's results are the same under both
+(docs/performance.md says where that was checked).
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ sys.path.insert(0, str(REPO))  # run as a script: bench.* imports from the repo 
 from bench.run import device_name, measure_stage  # noqa: E402
 
 NEIGHBOUR = "import torch\nx = torch.randn(192, 192)\nwhile True:\n    x = torch.tanh(x @ x)\n"
-POLICIES = {"default": None, "PASSIVE": "PASSIVE"}
+POLICIES = {"default": {}, "PASSIVE": {"OMP_WAIT_POLICY": "PASSIVE"}}  # name -> the variables that make it
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
-def environment_with(policy: str | None) -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
-    return env if policy is None else {**env, "OMP_WAIT_POLICY": policy}
+def environment_with(policy: dict[str, str]) -> dict[str, str]:
+    """This environment without the caller's own wait settings, plus `policy`'s."""
+    return {**{key: value for key, value in os.environ.items() if key not in WAIT_VARIABLES}, **policy}
 
 
-def seconds_per_step(stage: str, run: Path, preset: str, steps: int, warmup: int, policy: str | None) -> float:
-    """`measure_stage` in a process whose environment has (or lacks) OMP_WAIT_POLICY."""
+def seconds_per_step(stage: str, run: Path, preset: str, steps: int, warmup: int, policy: dict[str, str]) -> float:
+    """`measure_stage` in a process whose environment has `policy`'s wait settings and no others."""
     saved = dict(os.environ)
     os.environ.clear()
     os.environ.update(environment_with(policy))
@@ -56,18 +59,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--spincount", type=int, help="also time GOMP_SPINCOUNT=N (OMP_WAIT_POLICY unset)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
+    policies = dict(POLICIES)
+    if args.spincount is not None:
+        policies[f"spin{args.spincount}"] = {"GOMP_SPINCOUNT": str(args.spincount)}
 
     times: dict[str, list[float]] = {}
     for _ in range(args.repeats):
         for load in ("quiet", "loaded"):
             neighbour = None
             if load == "loaded":
-                neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], env=environment_with(None))
+                neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], env=environment_with({}))
                 time.sleep(2)  # its torch import done, its threads running
             try:
-                for name, policy in POLICIES.items():
+                for name, policy in policies.items():
                     seconds = seconds_per_step(args.stage, args.run, args.preset, args.steps, args.warmup, policy)
                     times.setdefault(f"{load}/{name}", []).append(seconds)
                     print(f"[omp-wait] {load:<6} {name:<7} {seconds:.3f} s/step", flush=True)
@@ -99,12 +106,18 @@ def main(argv: list[str] | None = None) -> None:
         "passive_over_default": {
             load: median[f"{load}/PASSIVE"] / median[f"{load}/default"] for load in ("quiet", "loaded")
         },
-        "loaded_over_quiet": {name: median[f"loaded/{name}"] / median[f"quiet/{name}"] for name in POLICIES},
+        "loaded_over_quiet": {name: median[f"loaded/{name}"] / median[f"quiet/{name}"] for name in policies},
+        "over_default": {
+            f"{load}/{name}": median[f"{load}/{name}"] / median[f"{load}/default"]
+            for load in ("quiet", "loaded")
+            for name in policies
+            if name != "default"
+        },
     }
     path = args.out / f"{results['device']}-{results['date']}-omp-wait.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps({k: results[k] for k in ("median_seconds_per_step", "passive_over_default", "loaded_over_quiet")}))
+    print(json.dumps({k: results[k] for k in ("median_seconds_per_step", "over_default", "loaded_over_quiet")}))
     print(f"[omp-wait] wrote {path}")
 
 

@@ -18,6 +18,11 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("data")  # --help and config errors at once, before the imports below load torch
+
 from rlhf import task
 from rlhf.analysis.plots import plot_length_distributions
 from rlhf.chat import check_chat_template, fit_turns, render_prompt
@@ -48,7 +53,6 @@ from rlhf.models.modeling import (
     train_tokenizer,
 )
 from rlhf.models.sources import dequantize, is_dequantized, locate_gguf
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.config import is_gguf
 from rlhf.stage.run import write_json_atomic
 

@@ -36,6 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("collect")  # --help and config errors at once, before the imports below load torch
+
 from rlhf import task
 from rlhf.analysis.plots import plot_length_distributions
 from rlhf.core.batching import encode_texts
@@ -49,7 +54,6 @@ from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.engines import build_engine, check_engine
 from rlhf.rollout.generate import sampling_seeds
 from rlhf.rollout.rewards import text_scorer
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.config import Config
 from rlhf.stage.run import RunDir, write_json_atomic
 

@@ -19,9 +19,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("reward")  # --help and config errors at once, before the imports below load torch
+
+import torch
 
 from rlhf.analysis.plots import plot_reward_distributions, plot_training_curves
 from rlhf.analysis.reward_analysis import accuracy_by_group, error_analysis, pearson
@@ -42,7 +47,6 @@ from rlhf.models.modeling import (
     shared_prompt_response_logprobs,
 )
 from rlhf.models.training import fit, forward_map, make_accelerator
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.run import write_json_atomic
 from rlhf.stage.tracking import MetricLogger
 

@@ -16,9 +16,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("sft")  # --help and config errors at once, before the imports below load torch
+
+import torch
 
 from rlhf import task
 from rlhf.analysis.evaluation import rouge_l
@@ -33,7 +38,6 @@ from rlhf.models.modeling import build_policy, check_fits_context, check_model_s
 from rlhf.models.training import fit, forward_map, make_accelerator, sft_batch_loss
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.generate import sample_responses
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.tracking import MetricLogger
 
 

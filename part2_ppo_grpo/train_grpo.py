@@ -36,10 +36,15 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("grpo")  # --help and config errors at once, before the imports below load torch
+
 import torch
 from tqdm.auto import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.analysis.evaluation import sequence_kl
 from rlhf.core.losses import grpo_loss
@@ -57,7 +62,6 @@ from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.forward import rollout_logprobs
 from rlhf.rollout.layout import RowLayout
 from rlhf.rollout.packing import check_packable
-from rlhf.stage.cli import run_stage, start_stage
 
 CURVES = [
     "grpo/objective/scores",

@@ -34,9 +34,14 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("ppo")  # --help and config errors at once, before the imports below load torch
+
+import torch
 
 from rlhf.analysis.evaluation import sequence_kl
 from rlhf.core.losses import ppo_policy_loss, ppo_value_loss
@@ -67,7 +72,6 @@ from rlhf.online.harness import OnlineStage
 from rlhf.online.sampling import engine_mismatch_metrics, importance_weights
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.forward import forward_in_chunks, rollout_logprobs
-from rlhf.stage.cli import run_stage, start_stage
 
 CURVES = [
     "ppo/objective/scores",

@@ -28,10 +28,15 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("raft")  # --help and config errors at once, before the imports below load torch
+
 import torch
 from accelerate.utils import gather_object
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.core.batching import collate_sequences
 from rlhf.methods.raft import check_raft_config, kept_rows, plan_raft, tied_prompts
@@ -42,7 +47,6 @@ from rlhf.models.training import build_optimizer, epoch_order, sft_batch_loss, t
 from rlhf.online.harness import OnlineStage
 from rlhf.online.stats import gold_metrics
 from rlhf.rollout.batch import SamplingConfig
-from rlhf.stage.cli import run_stage, start_stage
 
 CURVES = [
     "raft/objective/scores",

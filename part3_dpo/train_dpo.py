@@ -35,9 +35,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("dpo")  # --help and config errors at once, before the imports below load torch
+
+import torch
 
 from rlhf import task
 from rlhf.analysis.plots import plot_training_curves
@@ -68,7 +73,6 @@ from rlhf.models.modeling import load_tokenizer
 from rlhf.models.training import fit, forward_map, make_accelerator
 from rlhf.rollout.batch import eval_sampling
 from rlhf.rollout.generate import sample_responses, sampling_seeds
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.config import Config
 from rlhf.stage.run import stage_seed
 from rlhf.stage.tracking import MetricLogger

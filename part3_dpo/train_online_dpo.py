@@ -33,9 +33,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("online_dpo")  # --help and config errors at once, before the imports below load torch
+
+import torch
 
 from rlhf.core.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
 from rlhf.core.errors import UserError
@@ -56,7 +61,6 @@ from rlhf.models.roles import frozen
 from rlhf.models.training import build_optimizer, train_step
 from rlhf.online.harness import OnlineStage
 from rlhf.rollout.batch import SamplingConfig
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.run import stage_seed
 
 CURVES = [

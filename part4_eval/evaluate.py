@@ -19,10 +19,15 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("eval")  # --help and config errors at once, before the imports below load torch
+
 import torch
 from tqdm import tqdm
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf import task
 from rlhf.analysis.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
@@ -40,7 +45,6 @@ from rlhf.rollout.batch import eval_sampling
 from rlhf.rollout.engines import build_engine, check_engine
 from rlhf.rollout.evaluation import EVAL_STREAM, sample_for_eval
 from rlhf.rollout.rewards import text_scorer
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.run import METHOD_STAGES, judge_needed, write_json_atomic
 
 POLICY_STAGES = METHOD_STAGES  # every alignment stage's policy, when it completed

@@ -21,6 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.stage.cli import answer_early, run_stage, start_stage
+
+if __name__ == "__main__":
+    answer_early("report")  # --help and config errors at once, before the imports below load torch
+
 from rlhf.analysis.plots import (
     REPORT_CURVE_KEYS,
     plot_model_lengths,
@@ -44,7 +49,6 @@ from rlhf.report import (
     render_sections,
     win_rate_matrix,
 )
-from rlhf.stage.cli import run_stage, start_stage
 from rlhf.stage.run import RunDir, write_text_atomic
 from rlhf.task import parse_prompt
 

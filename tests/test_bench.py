@@ -232,3 +232,40 @@ def test_omp_wait_times_each_policy_alone_and_beside_a_neighbour(tmp_path, monke
         "loaded/PASSIVE": 1.0,
     }
     assert result["passive_over_default"] == {"quiet": 0.5, "loaded": 0.5}
+
+
+def test_pipeline_shared_runs_the_pipeline_alone_then_beside_a_neighbour_and_compares_the_runs(tmp_path, monkeypatch):
+    """bench/pipeline_shared.py: the quiet run, the loaded one with the neighbour running (killed after), a quiet one
+    with OpenMP's default wait policy, the ratios of their wall seconds, and whether the runs' model and answer files
+    agree."""
+    import bench.pipeline_shared as shared
+
+    events = []
+
+    def fake_run(preset, out, default_policy=False):
+        events.append(("run", out.name, default_policy))
+        for name in ("sft/model/model.safetensors", "eval/responses/sft.jsonl", "sft/metrics.jsonl"):
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_text(name if out.name == "quiet" or "metrics" not in name else "other timings")
+        return {"quiet": 100.0, "loaded": 180.0, "quiet_default": 80.0}[out.name]
+
+    class FakeNeighbour:
+        def __init__(self, command, env):
+            events.append("neighbour")
+
+        def kill(self):
+            events.append("killed")
+
+        def wait(self):
+            pass
+
+    monkeypatch.setattr(shared, "run_pipeline", fake_run)
+    monkeypatch.setattr(shared.subprocess, "Popen", FakeNeighbour)
+    monkeypatch.setattr(shared.time, "sleep", lambda seconds: None)
+    shared.main(["--work", str(tmp_path / "work"), "--out", str(tmp_path)])
+    assert events == [("run", "quiet", False), "neighbour", ("run", "loaded", False), "killed"] + [
+        ("run", "quiet_default", True)
+    ]
+    result = json.loads(next(tmp_path.glob("*-pipeline-shared.json")).read_text())
+    assert result["loaded_over_quiet"] == 1.8 and result["quiet_over_quiet_default_policy"] == 1.25
+    assert result["files_compared"] == 2 and result["identical"] is True

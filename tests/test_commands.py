@@ -74,6 +74,29 @@ def test_a_stage_scripts_help_names_the_script_and_where_every_key_is(capsys):
     assert "rlhf/stage/config.py" in text and "section.key=value" in text
 
 
+def test_every_stage_script_answers_help_and_config_errors_before_it_imports_torch():
+    """`--help`, a mistyped flag and a config error answer before the imports that take seconds (torch,
+    transformers): each stage script run as a program, in one interpreter that never loads torch."""
+    probe = (
+        "import runpy, sys\n"
+        "from rlhf.stage.run import STAGE_SCRIPTS\n"
+        "for script in STAGE_SCRIPTS.values():\n"
+        "    for args in (['--help'], ['--presett', 'tiny'], ['sft.lr=abc'], ['nosuch.key=1']):\n"
+        "        sys.argv = [script, *args]\n"
+        "        try:\n"
+        "            runpy.run_path(script, run_name='__main__')\n"
+        "        except SystemExit as exit:\n"
+        "            print('exit', script, args[0], exit.code)\n"
+        "print('torch loaded' if 'torch' in sys.modules else 'no torch')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.splitlines()[-1] == "no torch"
+    exits = [line for line in result.stdout.splitlines() if line.startswith("exit ")]
+    assert len(exits) == 4 * 12 and all(line.endswith((" --help 0", " 2")) for line in exits)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 * 12 and any("sft.lr" in line for line in errors)  # one line per config error
+
+
 def test_the_readme_says_to_activate_the_environment_its_python_commands_need():
     """`python part4_eval/make_report.py` failed with "No module named 'rlhf'": the README never said to activate."""
     readme = (REPO / "README.md").read_text()

@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO
 
 from rlhf.core.errors import UserError
+from rlhf.data import write_jsonl
 from rlhf.pipeline import driver as pipeline
 from rlhf.stage.cli import parse_stage_args
 from rlhf.stage.config import load_config, preset_path
@@ -49,6 +50,35 @@ def fake(monkeypatch):
         return stages
 
     return install
+
+
+def test_a_small_dataset_names_every_stage_it_is_too_small_for_right_after_the_data_stage(tmp_path, fake, monkeypatch):
+    """A dataset with 40 training prompts is too small for two of tiny's online stages (PPO takes 64 prompts an
+    iteration, RAFT 128 a round): both are named in one line as soon as the data stage has written it, before SFT
+    starts; at the next start-up, before any stage."""
+    stages = fake()
+    rows = [{"prompt": f"Human: question {i}?", "chosen": "yes", "rejected": "no"} for i in range(40)]
+
+    def data_then_fake(script: Path, args: list[str]) -> int:
+        if str(script).endswith(STAGE_SCRIPTS["data"]):
+            (tmp_path / "data").mkdir(parents=True, exist_ok=True)
+            write_jsonl(tmp_path / "data" / "train.jsonl", rows)
+        return stages(script, args)
+
+    monkeypatch.setattr(pipeline, "run_stage_script", data_then_fake)
+    args = ["--preset", "tiny", "--output-dir", str(tmp_path)]
+    with pytest.raises(UserError) as error:
+        pipeline.main(args)
+    message = str(error.value)
+    assert message.startswith("2 batch settings do not fit: ") and "\n" not in message
+    assert "ppo: 40 training prompts are fewer than the 64 needed" in message
+    assert "raft: 40 training prompts are fewer than raft.prompts_per_round=128" in message
+    assert stages.started == ["data"]
+    with pytest.raises(UserError, match=r"^2 batch settings do not fit: ppo: 40 training prompts"):
+        pipeline.main(args)  # the data is there now: before any stage starts
+    assert stages.started == ["data"]
+    pipeline.main([*args, "--only", "data,sft,reward,grpo"])  # the stages it is large enough for run
+    assert stages.started == ["data", "sft", "reward", "grpo"]
 
 
 def test_a_run_that_skips_every_stage_starts_none_and_keeps_the_total(tmp_path, fake, capsys):

@@ -19,6 +19,7 @@ import sys
 import time
 
 from rlhf.core.errors import UserError
+from rlhf.data import read_demonstrations, read_jsonl, unique_prompts
 from rlhf.pipeline.launch import check_batch_splits, launched_processes, launcher_command, run_launched
 from rlhf.pipeline.stage_process import preload, run_stage_script
 from rlhf.stage.cli import (
@@ -102,6 +103,25 @@ def run_stage_process(stage: str, stage_args: list[str], launch: str) -> tuple[i
     return run_stage_script(REPO_ROOT / STAGE_SCRIPTS[stage], stage_args), None
 
 
+def data_sizes(cfg, run, stages: list[str]) -> dict[str, int]:
+    """What each chosen stage will train on, counted from the data stage's files as the stage counts it: SFT's
+    demonstrations, the reward model's and DPO's training pairs (when their source is written: collected pairs
+    only once the collect stage has run; DPO's capped by dpo.max_train_pairs), and the online stages' distinct
+    training prompts."""
+    data = run.stage("data")
+    if not (data / "train.jsonl").is_file():  # no training split written: each stage says so itself
+        return {}
+    sizes = {"sft": len(read_demonstrations(data, "train", cfg.data.sft_path is not None))}
+    for stage, source in (("reward", cfg.reward.pairs), ("dpo", cfg.dpo.pairs)):
+        if source == "dataset" or run.is_complete("collect", cfg):
+            sizes[stage] = len(run.training_pairs(source))
+    if "dpo" in sizes and cfg.dpo.max_train_pairs is not None:
+        sizes["dpo"] = min(sizes["dpo"], cfg.dpo.max_train_pairs)
+    prompts = len(unique_prompts(read_jsonl(data / "train.jsonl")))
+    sizes |= dict.fromkeys(("ppo", "grpo", "raft", "online_dpo"), prompts)
+    return {stage: n for stage, n in sizes.items() if stage in stages}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """run_all.sh's arguments: the stages to run, and the arguments every stage script takes (given to each)."""
     parser = argparse.ArgumentParser(
@@ -131,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
     stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg), with_judge=judge_needed(cfg))
     launch = os.environ.get("RLHF_LAUNCH", "")
-    check_batch_splits(cfg, stages, launched_processes(launch) if launch else 1)
+    world_size = launched_processes(launch) if launch else 1
+    check_batch_splits(cfg, stages, world_size)  # from the config alone
     # Every input the chosen stages need must be complete or among them: name all that are not, at once.
     if unbuilt := run.unfinished(stages, cfg, will_run=stages):
         selection = (
@@ -146,6 +167,8 @@ def main(argv: list[str] | None = None) -> None:
             f"bash run_all.sh {selection} {shlex.join(arg for arg in stage_args if arg != '--force')}",
             skipped=f", and {chosen} does not run {'it' if len(unbuilt) == 1 else 'them'}",
         )
+    if run.is_complete("data", cfg):  # the data is there: what each stage trains on must fit its batches too
+        check_batch_splits(cfg, stages, world_size, data_sizes(cfg, run, stages))
     print(f"[pipeline] stages: {', '.join(stages)} -> {run.root}")
     pipeline_start = time.perf_counter()
     ran = []
@@ -174,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(returncode)
         ran.append(stage)
         print(f"[pipeline] {stage} done in {time.perf_counter() - started:.1f}s")
+        if stage == "data":  # every later stage's batches against the data just written, all at once, before any runs
+            check_batch_splits(cfg, stages, world_size, data_sizes(cfg, run, stages))
     total = time.perf_counter() - pipeline_start
     if not ran:
         print(f"[pipeline] every stage was already complete for this config; results in {run.summary_path}")

@@ -62,24 +62,34 @@ def launched_processes(launch: str) -> int:
     return int(printed[-1])
 
 
-def check_batch_splits(cfg: Config, stages: list[str], world_size: int) -> None:
-    """Each chosen stage's batch arithmetic on `world_size` processes, from the config alone (the checks each
-    stage repeats at start-up, less those that need its data): one line naming the keys of every stage whose
-    batches do not fit, all at once, before any stage runs."""
+def check_batch_splits(cfg: Config, stages: list[str], world_size: int, sizes: dict[str, int] | None = None) -> None:
+    """Each chosen stage's batch arithmetic on `world_size` processes: one line naming the keys of every stage whose
+    batches do not fit, all at once, before any stage runs. From the config alone, or with `sizes` (what each stage
+    trains on, `data_sizes`, once the data stage has written it) also every check that needs the data: the checks
+    each stage repeats at start-up."""
     from rlhf.methods.online_dpo import plan_online_dpo
     from rlhf.methods.plan import check_group_packing, plan_rl
     from rlhf.methods.raft import plan_raft
-    from rlhf.models.training import split_batch
+    from rlhf.models.training import plan_steps, split_batch
 
+    sizes = sizes or {}
+
+    def offline(stage: str):  # SFT, reward, DPO: with their size, the plan of their steps
+        tcfg = getattr(cfg, stage)
+        if stage in sizes:
+            return lambda: plan_steps(stage, tcfg, sizes[stage], world_size)
+        return lambda: split_batch(stage, tcfg, world_size)
+
+    grpo, G = cfg.grpo, cfg.grpo.group_size
     checks = {
-        "sft": lambda: split_batch("sft", cfg.sft, world_size),
-        "reward": lambda: split_batch("reward", cfg.reward, world_size),
+        "sft": offline("sft"),
+        "reward": offline("reward"),
         "judge_rm": lambda: split_batch("reward", cfg.reward, world_size),  # trained as the reward model is
-        "dpo": lambda: split_batch("dpo", cfg.dpo, world_size),
-        "ppo": lambda: plan_rl("ppo", cfg.ppo, world_size, None),
-        "grpo": lambda: check_group_packing(plan_rl("grpo", cfg.grpo, world_size, None, cfg.grpo.group_size), cfg.grpo),
-        "raft": lambda: plan_raft(cfg.raft, world_size, None),
-        "online_dpo": lambda: plan_online_dpo(cfg.online_dpo, world_size, None),
+        "dpo": offline("dpo"),
+        "ppo": lambda: plan_rl("ppo", cfg.ppo, world_size, sizes.get("ppo")),
+        "grpo": lambda: check_group_packing(plan_rl("grpo", grpo, world_size, sizes.get("grpo"), G), grpo),
+        "raft": lambda: plan_raft(cfg.raft, world_size, sizes.get("raft")),
+        "online_dpo": lambda: plan_online_dpo(cfg.online_dpo, world_size, sizes.get("online_dpo")),
     }
     problems = []
     for stage in stages:

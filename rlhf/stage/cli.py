@@ -97,6 +97,17 @@ def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config,
     return cfg, RunDir(cfg.run.output_dir, preset=name, args=run_arguments(args)), args.force
 
 
+def answer_early(stage: str) -> None:
+    """What a stage script calls first when run as a program, before its imports load torch and transformers
+    (seconds): `--help` and a mistyped flag (argparse), and a config that does not load (an unknown key, a bad value,
+    the YAML), answer at once, the error in one line, exit 2. The stage parses its command line again as it starts
+    (`start_stage`), where the rules that need the stage's own code follow."""
+    try:
+        parse_stage_args(stage, sys.argv[1:])
+    except UserError as exc:
+        fail(f"error: {exc}")
+
+
 def main_process() -> bool:
     """Whether this is the process that writes files and prints (launchers set RANK; none: the only one)."""
     return int(os.environ.get("RANK", "0")) == 0
