@@ -23,13 +23,13 @@ def test_a_script_runs_the_code_and_folders_of_its_own_checkout(tmp_path):
     clone = tmp_path / "clone"
     for name in ("rlhf", "part4_eval", "configs"):
         shutil.copytree(REPO / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
-    (clone / "rlhf" / "errors.py").write_text(
-        (REPO / "rlhf" / "errors.py").read_text() + "\nCHECKOUT = 'clone'\n"
+    (clone / "rlhf" / "core" / "errors.py").write_text(
+        (REPO / "rlhf" / "core" / "errors.py").read_text() + "\nCHECKOUT = 'clone'\n"
     )  # to tell whose code ran
     probe = clone / "part4_eval" / "probe.py"
     probe.write_text(
         (REPO / "part4_eval" / "make_report.py").read_text().split("\nfrom rlhf", 1)[0]  # its header, up to rlhf
-        + "\nfrom rlhf import errors\n\nprint(getattr(errors, 'CHECKOUT', 'other'))\n"
+        + "\nfrom rlhf.core import errors\n\nprint(getattr(errors, 'CHECKOUT', 'other'))\n"
     )
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     ran = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, cwd=tmp_path, env=env)

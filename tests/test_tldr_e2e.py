@@ -117,7 +117,7 @@ def tldr_run(request, tmp_path_factory):
     command = [
         sys.executable,
         "-m",
-        "rlhf.pipeline.driver",
+        "rlhf.pipeline",
         "--preset",
         preset,
         "--output-dir",

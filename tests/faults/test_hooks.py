@@ -10,8 +10,8 @@ import signal
 import pytest
 import torch
 
-from rlhf import fault_points, signals
 from rlhf.online.checkpoints import drop_samples_after
+from rlhf.stage import fault_points, signals
 
 
 class OneProcess:
