@@ -33,6 +33,7 @@ def run_pipeline(preset: str, out: Path, default_policy: bool = False) -> float:
     """`bash run_all.sh` for `preset` into `out` (or, with `default_policy`, `python -m rlhf.pipeline` with no wait
     setting), its output in `out`.log -> wall seconds."""
     entry = [sys.executable, "-m", "rlhf.pipeline"] if default_policy else ["bash", "run_all.sh"]
+    out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with open(out.with_suffix(".log"), "w") as log:
         subprocess.run(
