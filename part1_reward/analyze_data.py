@@ -18,10 +18,11 @@ from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("data")  # --help and config errors at once, before the imports below load torch
+    answer_early("data", STAGE_RULES["data"])  # --help and config errors at once, before torch loads below
 
 from rlhf import task
 from rlhf.analysis.plots import plot_length_distributions
@@ -48,7 +49,6 @@ from rlhf.data import (
 from rlhf.models.checkpoint import fresh_tmp, publish_dir
 from rlhf.models.modeling import (
     check_context_from_config,
-    check_model_sources,
     load_pretrained_tokenizer,
     train_tokenizer,
 )
@@ -224,9 +224,7 @@ def startup_checks(cfg) -> None:
     """Before any data loads (the config's own rules, split shares included, were checked as it loaded): the
     model folders exist, and the data limits fit the model's positions (the SFT stage would otherwise find out only
     after this stage ran)."""
-    if cfg.data.chat_template and cfg.tokenizer.train_from_data:
-        raise UserError("data.chat_template needs a pretrained tokenizer; set tokenizer.train_from_data=false")
-    check_model_sources(cfg.tokenizer, cfg.model)
+    STAGE_RULES["data"](cfg)
     check_context_from_config(cfg.model, cfg.data)
 
 

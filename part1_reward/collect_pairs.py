@@ -36,10 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("collect")  # --help and config errors at once, before the imports below load torch
+    answer_early("collect", STAGE_RULES["collect"])  # --help and config errors at once, before torch loads below
 
 from rlhf import task
 from rlhf.analysis.plots import plot_length_distributions
@@ -59,38 +60,6 @@ from rlhf.stage.run import RunDir, write_json_atomic
 
 # Why a sampled pair is not written: the data stage's reasons, and the annotator's two.
 COLLECT_DROP_REASONS = (*DROP_REASONS, "annotator_tie", "annotator_invalid")
-
-
-def check_collect_config(cfg: Config) -> None:
-    """Config-only rules, checked before any model loads."""
-    c = cfg.collect
-    if c.samples_per_prompt < 2:
-        raise UserError(f"collect.samples_per_prompt={c.samples_per_prompt} must be at least 2 to form a pair")
-    if c.temperature <= 0:
-        raise UserError(f"collect.temperature={c.temperature} must be > 0, or the K samples of a prompt are identical")
-    if c.max_new_tokens > cfg.data.max_response_tokens:
-        raise UserError(
-            f"collect.max_new_tokens={c.max_new_tokens} exceeds data.max_response_tokens="
-            f"{cfg.data.max_response_tokens}; every longer pair would be dropped, so lower it"
-        )
-    if c.annotator == "simulated" and cfg.data.path != "embedded":
-        raise UserError(
-            "collect.annotator=simulated labels only the embedded task's prompts (data.path=embedded); "
-            "use collect.annotator=openai or collect.annotator=reward"
-        )
-    if c.annotator == "reward":
-        if not c.reward_model:
-            raise UserError("collect.annotator=reward needs collect.reward_model=FOLDER (a reward model's folder)")
-        if not (Path(c.reward_model) / "config.json").is_file():
-            raise UserError(
-                f"collect.reward_model={c.reward_model} is not a model folder (no config.json); give a folder "
-                "written by the reward stage, e.g. outputs/<run>/reward/model"
-            )
-    if c.annotator == "openai" and not OpenAIJudge(cfg.judge).available():
-        raise UserError(
-            f"collect.annotator=openai {OpenAIJudge(cfg.judge).unavailable_reason}; export it (and OPENAI_BASE_URL "
-            "or judge.base_url for another server), or use collect.annotator=simulated"
-        )
 
 
 def build_annotator(cfg: Config, run: RunDir, accelerator) -> Judge:
@@ -118,7 +87,7 @@ def pair_indices(samples: list[str], pairs_per_prompt: int | None, rng: random.R
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("collect", argv, requires=("data", "sft"), check=check_collect_config)
+    started = start_stage("collect", argv, requires=("data", "sft"), check=STAGE_RULES["collect"])
     if started is None:
         return
     cfg, run = started

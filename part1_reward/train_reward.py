@@ -21,17 +21,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("reward")  # --help and config errors at once, before the imports below load torch
+    answer_early("reward", STAGE_RULES["reward"])  # --help and config errors at once, before torch loads below
 
 import torch
 
 from rlhf.analysis.plots import plot_reward_distributions, plot_training_curves
 from rlhf.analysis.reward_analysis import accuracy_by_group, error_analysis, pearson
 from rlhf.core.batching import chosen_longer, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
-from rlhf.core.errors import UserError
 from rlhf.core.losses import bradley_terry_loss, length_heuristic_bt_loss, logprob_distillation_loss
 from rlhf.data import read_jsonl
 from rlhf.models.checkpoint import save_pretrained_atomic
@@ -50,43 +50,13 @@ from rlhf.models.training import fit, forward_map, make_accelerator
 from rlhf.stage.run import write_json_atomic
 from rlhf.stage.tracking import MetricLogger
 
-
-def check_reward_config(cfg) -> None:
-    if not 0 <= cfg.reward.label_smoothing < 0.5:
-        raise UserError(f"reward.label_smoothing must be in [0, 0.5), got {cfg.reward.label_smoothing}")
-    if cfg.reward.length_heuristic and (cfg.reward.label_smoothing or cfg.reward.margin):
-        raise UserError(
-            "reward.length_heuristic replaces the Bradley-Terry likelihood that reward.margin and "
-            "reward.label_smoothing modify; set those to 0, or reward.length_heuristic=false"
-        )
-    if cfg.reward.length_heuristic_lr <= 0:
-        raise UserError(f"reward.length_heuristic_lr must be > 0, got {cfg.reward.length_heuristic_lr}")
-    if cfg.reward.logprob_distill_coef < 0:
-        raise UserError(f"reward.logprob_distill_coef must be >= 0, got {cfg.reward.logprob_distill_coef}")
-    if cfg.model.lora.for_stage("reward").enabled and cfg.reward.pooling != "last":
-        raise UserError(
-            "model.lora.enabled on the reward stage (model.lora.stages) needs reward.pooling=last (LoRA keeps only a "
-            "last-token score head)"
-        )
-
-
-def check_judge_config(cfg) -> None:
-    check_reward_config(cfg)
-    if not cfg.data.judge_fraction:
-        raise UserError(
-            "judge_rm trains on the pairs data.judge_fraction holds out, and it is 0; set data.judge_fraction "
-            "(e.g. 0.3) and re-run the data stage"
-        )
-
-
 # The two reward models this script trains: the one the methods optimise, and the independent judge's, trained
 # the same way (section `reward`) on pairs that neither that reward model nor any policy saw (data/judge.jsonl).
 SUMMARY_KEYS = {"reward": "reward_model", "judge_rm": "judge_reward_model"}
 
 
 def main(argv: list[str] | None = None, stage: str = "reward") -> None:
-    check = check_reward_config if stage == "reward" else check_judge_config
-    started = start_stage(stage, argv, requires=("sft",), check=check)
+    started = start_stage(stage, argv, requires=("sft",), check=STAGE_RULES[stage])
     if started is None:
         return
     cfg, run = started

@@ -18,10 +18,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("sft")  # --help and config errors at once, before the imports below load torch
+    answer_early("sft", STAGE_RULES["sft"])  # --help and config errors at once, before torch loads below
 
 import torch
 
@@ -34,7 +35,7 @@ from rlhf.data import read_demonstrations, write_jsonl
 from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.models.lora import with_lora
 from rlhf.models.memory import peak_memory_mb
-from rlhf.models.modeling import build_policy, check_fits_context, check_model_sources, load_tokenizer, token_logprobs
+from rlhf.models.modeling import build_policy, check_fits_context, load_tokenizer, token_logprobs
 from rlhf.models.training import fit, forward_map, make_accelerator, sft_batch_loss
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.generate import sample_responses
@@ -58,9 +59,7 @@ def validation_nll(model, examples, collate, batch_size, accelerator) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage(
-        "sft", argv, requires=("data",), check=lambda cfg: check_model_sources(cfg.tokenizer, cfg.model)
-    )
+    started = start_stage("sft", argv, requires=("data",), check=STAGE_RULES["sft"])
     if started is None:
         return
     cfg, run = started

@@ -8,7 +8,7 @@ Reads `<run>/data/` (prompts), `<run>/sft/model/` (policy init, reference) and `
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
 `grpo.*` / `timing_s.grpo` in summary.json. Metric keys are defined in rlhf/online/__init__.py.
 
-The training score comes from `grpo.reward` (rlhf/rollout/rewards.py): the reward model by default, or
+The training score comes from `grpo.reward` (rlhf/rollout/reward_spec.py): the reward model by default, or
 Python reward functions (DeepSeekMath's rule-based rewards; the embedded task's gold judge is
 `rlhf.task:gold_rewards`), or a weighted sum. The reward model is loaded either way: it scores
 every held-out evaluation. `grpo.eval_every` > 0 evaluates the policy on the held-out prompts along
@@ -38,10 +38,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("grpo")  # --help and config errors at once, before the imports below load torch
+    answer_early("grpo", STAGE_RULES["grpo"])  # --help and config errors at once, before torch loads below
 
 import torch
 from tqdm.auto import tqdm
@@ -50,7 +51,7 @@ from rlhf.analysis.evaluation import sequence_kl
 from rlhf.core.losses import grpo_loss
 from rlhf.core.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
 from rlhf.methods.passes import accumulate, check_finite_loss, minibatch_indices, weighted_micro_batches
-from rlhf.methods.plan import check_group_packing, check_grpo_config, plan_rl
+from rlhf.methods.plan import check_group_packing, plan_rl
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.modeling import load_reward_model
 from rlhf.models.roles import frozen
@@ -87,7 +88,7 @@ EVAL_CURVES = [
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("grpo", argv, requires=("reward",), check=lambda cfg: check_grpo_config(cfg.grpo))
+    started = start_stage("grpo", argv, requires=("reward",), check=STAGE_RULES["grpo"])
     if started is None:
         return
     cfg, run = started

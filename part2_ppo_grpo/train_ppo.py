@@ -8,7 +8,7 @@ Face format, samples.jsonl (training samples every `ppo.samples_every` iteration
 eval_samples.jsonl (final policy vs SFT on held-out prompts), curves.png, metrics.jsonl, and
 `ppo.*` / `timing_s.ppo` in summary.json. Metric keys are defined in rlhf/online/__init__.py.
 
-The training score comes from `ppo.reward` (rlhf/rollout/rewards.py): the reward model by default, or
+The training score comes from `ppo.reward` (rlhf/rollout/reward_spec.py): the reward model by default, or
 Python reward functions such as the embedded task's gold judge, or a weighted sum. The reward
 model is loaded either way: it initialises the critic and scores every held-out evaluation.
 `ppo.eval_every` > 0 evaluates the policy on the held-out prompts along training as well.
@@ -36,10 +36,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("ppo")  # --help and config errors at once, before the imports below load torch
+    answer_early("ppo", STAGE_RULES["ppo"])  # --help and config errors at once, before torch loads below
 
 import torch
 
@@ -63,7 +64,7 @@ from rlhf.methods.passes import (
     minibatch_indices,
     weighted_micro_batches,
 )
-from rlhf.methods.plan import check_ppo_config, plan_rl
+from rlhf.methods.plan import plan_rl
 from rlhf.methods.shaping import make_kl_controller, shape_rewards
 from rlhf.models.lora import load_trainable_policy, ppo_critic_and_reward, reference_policy
 from rlhf.models.modeling import PolicyAndValue
@@ -110,7 +111,7 @@ def policy_and_values(model, rollout, temperature: float, batch_size: int) -> tu
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("ppo", argv, requires=("reward",), check=lambda cfg: check_ppo_config(cfg.ppo))
+    started = start_stage("ppo", argv, requires=("reward",), check=STAGE_RULES["ppo"])
     if started is None:
         return
     cfg, run = started

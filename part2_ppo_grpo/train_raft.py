@@ -11,7 +11,7 @@ in rlhf/methods/raft.py and rlhf/online/.
 RAFT (Dong et al. 2023, arXiv 2304.06767, Algorithm 1). Each round:
 1. sample N = `raft.samples_per_prompt` responses to each of `raft.prompts_per_round` training
    prompts from the current policy, at `raft.temperature`;
-2. score them with `raft.reward` (rlhf/rollout/rewards.py: the reward model by default, reward functions,
+2. score them with `raft.reward` (rlhf/rollout/reward_spec.py: the reward model by default, reward functions,
    or a weighted sum, as `ppo.reward` and `grpo.reward`); a response without EOS loses
    `raft.missing_eos_penalty`, as in PPO and GRPO;
 3. keep each prompt's `raft.top_k` best samples (1: best-of-N; rlhf/methods/raft.py);
@@ -30,16 +30,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("raft")  # --help and config errors at once, before the imports below load torch
+    answer_early("raft", STAGE_RULES["raft"])  # --help and config errors at once, before torch loads below
 
 import torch
 from accelerate.utils import gather_object
 
 from rlhf.core.batching import collate_sequences
-from rlhf.methods.raft import check_raft_config, kept_rows, plan_raft, tied_prompts
+from rlhf.methods.raft import kept_rows, plan_raft, tied_prompts
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.modeling import load_reward_model
 from rlhf.models.roles import frozen
@@ -69,7 +70,7 @@ EVAL_CURVES = [
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("raft", argv, requires=("reward",), check=lambda cfg: check_raft_config(cfg.raft))
+    started = start_stage("raft", argv, requires=("reward",), check=STAGE_RULES["raft"])
     if started is None:
         return
     cfg, run = started

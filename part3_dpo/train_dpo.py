@@ -37,10 +37,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("dpo")  # --help and config errors at once, before the imports below load torch
+    answer_early("dpo", STAGE_RULES["dpo"])  # --help and config errors at once, before torch loads below
 
 import torch
 
@@ -53,8 +54,7 @@ from rlhf.core.batching import (
     length_order,
     shared_prompt_pair_length,
 )
-from rlhf.core.errors import UserError
-from rlhf.core.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
+from rlhf.core.losses import DPO_AVERAGES_LOGPS
 from rlhf.core.winrates import head_to_head
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.methods.dpo import (
@@ -73,7 +73,6 @@ from rlhf.models.modeling import load_tokenizer
 from rlhf.models.training import fit, forward_map, make_accelerator
 from rlhf.rollout.batch import eval_sampling
 from rlhf.rollout.generate import sample_responses, sampling_seeds
-from rlhf.stage.config import Config
 from rlhf.stage.run import stage_seed
 from rlhf.stage.tracking import MetricLogger
 
@@ -95,38 +94,11 @@ CURVE_KEYS = [
 ]
 
 
-def validate(cfg: Config) -> None:
-    """Config errors in one line, before any model is loaded."""
-    d = cfg.dpo
-    if d.loss_type not in DPO_LOSSES:
-        raise UserError(f"dpo.loss_type='{d.loss_type}' is not one of: {', '.join(DPO_LOSSES)}")
-    if d.beta <= 0:
-        raise UserError(f"dpo.beta must be > 0, got {d.beta}")
-    if not 0 <= d.label_smoothing < 0.5:
-        raise UserError(f"dpo.label_smoothing must be in [0, 0.5), got {d.label_smoothing}")
-    if d.label_smoothing and d.loss_type != "cdpo":
-        raise UserError(
-            f"dpo.label_smoothing={d.label_smoothing} is only used by dpo.loss_type=cdpo; set one or the other"
-        )
-    if not 0 <= d.length_heuristic < 1:
-        raise UserError(f"dpo.length_heuristic must be in [0, 1), got {d.length_heuristic}")
-    if d.length_heuristic and d.loss_type != "sigmoid":
-        raise UserError(f"dpo.length_heuristic is a rater model for dpo.loss_type=sigmoid, not {d.loss_type}")
-    if d.rpo_alpha < 0:
-        raise UserError(f"dpo.rpo_alpha must be >= 0 (0: plain DPO), got {d.rpo_alpha}")
-    if d.max_train_pairs is not None and d.max_train_pairs < d.batch_size:
-        raise UserError(
-            f"dpo.max_train_pairs={d.max_train_pairs} is fewer than one batch (dpo.batch_size={d.batch_size})"
-        )
-    if d.eval_prompts < 0:
-        raise UserError(f"dpo.eval_prompts={d.eval_prompts} must be >= 0 (0: no held-out samples)")
-
-
 # ----------------------------------------------------------------------------- the stage
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("dpo", argv, requires=("data", "sft"), check=validate)
+    started = start_stage("dpo", argv, requires=("data", "sft"), check=STAGE_RULES["dpo"])
     if started is None:
         return
     cfg, run = started

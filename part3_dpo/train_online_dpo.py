@@ -35,21 +35,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("online_dpo")  # --help and config errors at once, before the imports below load torch
+    answer_early("online_dpo", STAGE_RULES["online_dpo"])  # --help and config errors at once, before torch loads below
 
 import torch
 
 from rlhf.core.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
-from rlhf.core.errors import UserError
 from rlhf.core.losses import DPO_AVERAGES_LOGPS
 from rlhf.judges import OpenAIJudge, SimulatedAnnotatorJudge
 from rlhf.methods.dpo import PrecomputedReference, local_pair_logps, make_loss_fn
 from rlhf.methods.online_dpo import (
     best_worst_pairs,
-    check_online_dpo_config,
     pair_indices_to_rows,
     pair_weights,
     plan_online_dpo,
@@ -86,23 +85,8 @@ def build_pairwise_annotator(cfg, run):
     return OpenAIJudge(cfg.judge, cache_path=run.stage("online_dpo") / "openai_cache.jsonl")
 
 
-def validate(cfg) -> None:
-    """Config errors in one line, before any model is loaded."""
-    check_online_dpo_config(cfg.online_dpo)
-    if cfg.online_dpo.judge == "simulated" and cfg.data.path != "embedded":
-        raise UserError(
-            "online_dpo.judge=simulated labels only the embedded task's prompts (data.path=embedded); "
-            "use online_dpo.judge=reward or online_dpo.judge=openai"
-        )
-    if cfg.online_dpo.judge == "openai" and not OpenAIJudge(cfg.judge).available():
-        raise UserError(
-            f"online_dpo.judge=openai {OpenAIJudge(cfg.judge).unavailable_reason}; export it (and OPENAI_BASE_URL "
-            "or judge.base_url for another server), or use online_dpo.judge=reward"
-        )
-
-
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("online_dpo", argv, requires=("reward",), check=validate)
+    started = start_stage("online_dpo", argv, requires=("reward",), check=STAGE_RULES["online_dpo"])
     if started is None:
         return
     cfg, run = started

@@ -21,10 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES, requested_judges
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
-    answer_early("eval")  # --help and config errors at once, before the imports below load torch
+    answer_early("eval", STAGE_RULES["eval"])  # --help and config errors at once, before torch loads below
 
 import torch
 from tqdm import tqdm
@@ -53,7 +54,6 @@ SUITES_FILE = Path(__file__).resolve().parent / "suites.json"  # HH-style suites
 # its seed, and so its response, with SFT's answer to prompt 0.
 BEST_OF_N_STREAM = EVAL_STREAM - 1
 REFUSAL_SUITES = ("harmful", "benign")  # suites whose answers the keyword refusal judge reads (rlhf.judges.refusal)
-JUDGES = ("gold", "reward", "independent", "openai")
 
 
 class Answers:
@@ -171,16 +171,6 @@ def judge_failure(reason: str, infos: list[dict]) -> dict:
     return {**counts, "status": f"failed ({failures}; the judge stopped: {reason})"}
 
 
-def requested_judges(cfg) -> list[str]:
-    requested = [name.strip() for name in cfg.eval.judges.split(",") if name.strip()]
-    unknown = set(requested) - set(JUDGES)
-    if unknown:
-        raise UserError(
-            f"eval.judges has unknown judge(s) {', '.join(sorted(unknown))}; choose from {', '.join(JUDGES)}"
-        )
-    return requested
-
-
 def build_judges(cfg, run, is_embedded: bool, scorer, independent_scorer) -> tuple[dict, dict]:
     """The judges asked for in eval.judges that can run here; the others with the reason why not.
     `independent_scorer` scores with the judge_rm stage's reward model (None when data.judge_fraction is 0)."""
@@ -226,7 +216,7 @@ def gold_differences(answers: dict, pairings: list[tuple[str, str]]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("eval", argv, requires=("reward",), check=requested_judges)
+    started = start_stage("eval", argv, requires=("reward",), check=STAGE_RULES["eval"])
     if started is None:
         return
     cfg, run = started

@@ -52,7 +52,7 @@ from rlhf.analysis.overoptimization import best_of_n_points, eval_every_for, eva
 from rlhf.analysis.plots import plot_overoptimization
 from rlhf.core.errors import UserError
 from rlhf.data import read_jsonl
-from rlhf.methods.plan import check_grpo_config, check_ppo_config
+from rlhf.methods.rules import check_grpo_config, check_ppo_config
 from rlhf.models.modeling import load_policy, load_reward_model, load_tokenizer
 from rlhf.models.roles import frozen
 from rlhf.models.training import make_accelerator, set_cpu_threads
@@ -60,7 +60,7 @@ from rlhf.online.prompts import load_rl_prompts
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.engines import build_engine
 from rlhf.rollout.evaluation import sample_for_eval
-from rlhf.rollout.rewards import MODEL, load_reward_function
+from rlhf.rollout.reward_spec import MODEL, load_reward_function
 from rlhf.stage.cli import REPO_ROOT, parse_stage_args, run_stage
 from rlhf.stage.run import STAGE_SCRIPTS, write_json_atomic
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.methods.rules import STAGE_RULES
 from rlhf.stage.cli import answer_early, run_stage
 
 if __name__ == "__main__":
-    answer_early("judge_rm")  # --help and config errors at once, before the imports below load torch
+    answer_early("judge_rm", STAGE_RULES["judge_rm"])  # --help and config errors at once, before torch loads below
 
 from part1_reward import train_reward
 

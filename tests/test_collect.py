@@ -14,12 +14,13 @@ import pytest
 from rlhf import task
 from rlhf.core.errors import UserError
 from rlhf.judges import SimulatedAnnotatorJudge
+from rlhf.methods.rules import check_collect_config
 from rlhf.pipeline.driver import select_stages
 from rlhf.stage.config import load_config, preset_path
 from rlhf.stage.run import RunDir, collect_needed, config_inputs, stage_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "part1_reward"))
-from collect_pairs import check_collect_config, pair_indices
+from collect_pairs import pair_indices
 
 # A fact prompt and three answers the gold table scores by hand (rlhf/task/gold.py).
 PROMPT = task.hh("What is the capital of Bathol?")

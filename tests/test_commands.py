@@ -14,7 +14,24 @@ import pytest
 from conftest import REPO
 
 from rlhf.stage.cli import parse_stage_args, run_stage
+from rlhf.stage.run import STAGE_SCRIPTS
 from rlhf.stage.signals import Interrupted
+
+# One setting per stage that loads as a config but breaks that stage's own rules (rlhf.methods.rules), and the
+# words of the error it must give.
+BROKEN_RULE = {
+    "data": ("model.name_or_path=./no-such-model", "model.name_or_path './no-such-model' does not exist"),
+    "sft": ("model.name_or_path=./no-such-model", "model.name_or_path './no-such-model' does not exist"),
+    "collect": ("collect.samples_per_prompt=1", "collect.samples_per_prompt=1 must be at least 2"),
+    "reward": ("reward.label_smoothing=0.7", "reward.label_smoothing must be in [0, 0.5)"),
+    "judge_rm": ("data.judge_fraction=0", "judge_rm trains on the pairs data.judge_fraction holds out"),
+    "ppo": ("ppo.reward=no_such_module:score", "ppo.reward: no module named 'no_such_module'"),
+    "grpo": ("grpo.batch_size=63", "grpo.batch_size=63 must be divisible by grpo.group_size=4"),
+    "raft": ("raft.top_k=100", "raft.top_k=100 must be less than raft.samples_per_prompt"),
+    "dpo": ("dpo.beta=0", "dpo.beta must be > 0"),
+    "online_dpo": ("online_dpo.judge=gold", "online_dpo.judge='gold' is not one of"),
+    "eval": ("eval.judges=gold,nosuch", "eval.judges has unknown judge(s) nosuch"),
+}
 
 
 def test_a_script_runs_the_code_and_folders_of_its_own_checkout(tmp_path):
@@ -75,13 +92,17 @@ def test_a_stage_scripts_help_names_the_script_and_where_every_key_is(capsys):
 
 
 def test_every_stage_script_answers_help_and_config_errors_before_it_imports_torch():
-    """`--help`, a mistyped flag and a config error answer before the imports that take seconds (torch,
-    transformers): each stage script run as a program, in one interpreter that never loads torch."""
+    """`--help`, a mistyped flag, a config error and a setting that breaks the stage's own rules
+    (`rlhf.methods.rules`) answer before the imports that take seconds (torch, transformers): each stage script run
+    as a program, in one interpreter that never loads torch."""
+    broken = {stage: override for stage, (override, _) in BROKEN_RULE.items()}
     probe = (
         "import runpy, sys\n"
         "from rlhf.stage.run import STAGE_SCRIPTS\n"
-        "for script in STAGE_SCRIPTS.values():\n"
-        "    for args in (['--help'], ['--presett', 'tiny'], ['sft.lr=abc'], ['nosuch.key=1']):\n"
+        f"broken = {broken!r}\n"
+        "for stage, script in STAGE_SCRIPTS.items():\n"
+        "    cases = [['--help'], ['--presett', 'tiny'], ['sft.lr=abc'], ['nosuch.key=1']]\n"
+        "    for args in cases + ([[broken[stage]]] if stage in broken else []):\n"
         "        sys.argv = [script, *args]\n"
         "        try:\n"
         "            runpy.run_path(script, run_name='__main__')\n"
@@ -91,10 +112,13 @@ def test_every_stage_script_answers_help_and_config_errors_before_it_imports_tor
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.splitlines()[-1] == "no torch"
+    assert set(BROKEN_RULE) == set(STAGE_SCRIPTS) - {"report"}  # every stage that has rules is tried
     exits = [line for line in result.stdout.splitlines() if line.startswith("exit ")]
-    assert len(exits) == 4 * 12 and all(line.endswith((" --help 0", " 2")) for line in exits)
+    assert len(exits) == 4 * 12 + 11 and all(line.endswith((" --help 0", " 2")) for line in exits)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 2 * 12 and any("sft.lr" in line for line in errors)  # one line per config error
+    assert len(errors) == 2 * 12 + 11 and any("sft.lr" in line for line in errors)  # one line per config error
+    for stage, (_, words) in BROKEN_RULE.items():
+        assert any(words in line for line in errors), stage
 
 
 def test_the_readme_says_to_activate_the_environment_its_python_commands_need():

@@ -17,7 +17,7 @@ from rlhf.core.batching import EncodedPair, collate_shared_prompt_pairs
 from rlhf.core.errors import UserError
 from rlhf.core.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES
 from rlhf.methods import dpo, reference_cache
-from rlhf.methods.online_dpo import check_online_dpo_config
+from rlhf.methods.rules import check_dpo_config, check_online_dpo_config
 from rlhf.models.modeling import disable_dropout
 from rlhf.stage.config import load_config
 
@@ -238,7 +238,7 @@ def test_rpo_adds_alpha_times_the_chosen_per_token_nll_of_the_collated_tokens(lo
 @pytest.mark.parametrize("section", ["dpo", "online_dpo"])
 def test_a_negative_rpo_alpha_is_refused_at_start_up(section):
     cfg = load_config(REPO / "configs" / "tiny.yaml", [f"{section}.rpo_alpha=-1"])
-    check = train_dpo.validate if section == "dpo" else lambda c: check_online_dpo_config(c.online_dpo)
+    check = check_dpo_config if section == "dpo" else lambda c: check_online_dpo_config(c.online_dpo)
     with pytest.raises(UserError, match=f"{section}.rpo_alpha"):
         check(cfg)
 
@@ -292,7 +292,7 @@ def test_cache_fingerprints_change_with_weights_tokens_truncation_and_averaging(
 def test_config_errors_are_one_line_before_any_model_loads(override, message):
     cfg = load_config(REPO / "configs" / "tiny.yaml", override.split())
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) as info:
-        train_dpo.validate(cfg)
+        check_dpo_config(cfg)
     assert "\n" not in str(info.value)
 
 

@@ -17,12 +17,12 @@ from safetensors.torch import load_file
 from rlhf.core.errors import UserError
 from rlhf.methods.online_dpo import (
     best_worst_pairs,
-    check_online_dpo_config,
     pair_indices_to_rows,
     pair_weights,
     plan_online_dpo,
     split_micro_batches,
 )
+from rlhf.methods.rules import check_online_dpo_config
 from rlhf.stage.config import OnlineDPOConfig
 
 SCRIPT = "part3_dpo/train_online_dpo.py"
@@ -86,7 +86,7 @@ def test_plan_by_hand():
         ({"reference": "base"}, "online_dpo.reference='base' is not one of"),
         ({"samples_per_prompt": 1}, "must be at least 2"),
         ({"judge": "simulated", "samples_per_prompt": 4}, "set online_dpo.samples_per_prompt=2"),
-        ({"loss_type": "ipo", "length_heuristic": 0.2}, "needs loss_type=sigmoid"),
+        ({"loss_type": "ipo", "length_heuristic": 0.2}, "rater model for online_dpo.loss_type=sigmoid, not ipo"),
         ({"temperature": 0.0}, "must be > 0"),
     ],
 )

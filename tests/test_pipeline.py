@@ -81,6 +81,21 @@ def test_a_small_dataset_names_every_stage_it_is_too_small_for_right_after_the_d
     assert stages.started == ["data", "sft", "reward", "grpo"]
 
 
+def test_the_config_rules_of_every_chosen_stage_are_named_at_once_before_any_stage_starts(tmp_path, fake):
+    """grpo.batch_size=63 (not whole groups of 4) and dpo.beta=0 each failed only when its stage started, after the
+    stages before it had run: now both in one line, before the data stage. A stage not chosen is not held to them."""
+    stages = fake()
+    args = ["--preset", "tiny", "--output-dir", str(tmp_path), "grpo.batch_size=63", "dpo.beta=0"]
+    with pytest.raises(UserError) as error:
+        pipeline.main(args)
+    message = str(error.value)
+    assert message.startswith("2 settings are not valid: ") and "\n" not in message
+    assert "grpo.batch_size=63 must be divisible by grpo.group_size=4" in message and "dpo.beta must be > 0" in message
+    assert stages.started == []
+    pipeline.main([*args, "--only", "data,sft"])
+    assert stages.started == ["data", "sft"]
+
+
 def test_a_run_that_skips_every_stage_starts_none_and_keeps_the_total(tmp_path, fake, capsys):
     args = ["--preset", "tiny", "--output-dir", str(tmp_path)]
     first = fake()

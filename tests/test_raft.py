@@ -6,7 +6,8 @@ import torch
 
 from rlhf.analysis.evaluation import best_of_n_choice
 from rlhf.core.errors import UserError
-from rlhf.methods.raft import check_raft_config, kept_rows, plan_raft, select_top_k, tied_prompts
+from rlhf.methods.raft import kept_rows, plan_raft, select_top_k, tied_prompts
+from rlhf.methods.rules import check_raft_config
 from rlhf.stage.config import RAFTConfig, load_config, preset_path
 
 # Two prompts, N = 4 samples each. Prompt 0 ties at 0.7 (samples 1 and 3); prompt 1 has no tie.

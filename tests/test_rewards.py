@@ -1,4 +1,5 @@
-"""Tests for rlhf.rollout.rewards (the reward spec: parsing, importing, run-time checks, the weighted sum)
+"""Tests for rlhf.rollout.reward_spec and rlhf.rollout.rewards (the reward spec: parsing, importing, run-time checks,
+the weighted sum)
 and the example reward function in rlhf.rollout.reward_functions. Expected values are worked out by hand."""
 
 import math
@@ -9,19 +10,10 @@ import torch
 
 from rlhf import task
 from rlhf.core.errors import UserError
-from rlhf.methods.plan import check_grpo_config, check_ppo_config
+from rlhf.methods.rules import check_grpo_config, check_ppo_config
 from rlhf.rollout.reward_functions import MAX_WORDS, concise_sentence
-from rlhf.rollout.rewards import (
-    MODEL,
-    RewardSource,
-    RewardTerm,
-    call_reward_function,
-    combine_rewards,
-    format_reward_spec,
-    load_reward_function,
-    load_reward_source,
-    parse_reward_spec,
-)
+from rlhf.rollout.reward_spec import MODEL, RewardTerm, format_reward_spec, load_reward_function, parse_reward_spec
+from rlhf.rollout.rewards import RewardSource, call_reward_function, combine_rewards, load_reward_source
 from rlhf.stage.config import GRPOConfig, PPOConfig
 
 PROMPT = "\n\nHuman: What is 3 plus 4?\n\nAssistant:"

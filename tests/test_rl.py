@@ -18,7 +18,8 @@ from rlhf.core.errors import UserError
 from rlhf.core.ops import shifted_entropy, shifted_logprobs
 from rlhf.core.winrates import head_to_head
 from rlhf.methods.passes import accumulation_weights, align_values, micro_batches, minibatch_indices
-from rlhf.methods.plan import check_grpo_config, check_ppo_config, plan_rl
+from rlhf.methods.plan import plan_rl
+from rlhf.methods.rules import check_grpo_config, check_ppo_config
 from rlhf.methods.shaping import (
     AdaptiveKLController,
     FixedKLController,

@@ -1,4 +1,4 @@
-"""Online DPO (part3_dpo/train_online_dpo.py): the iteration plan, config rules and how a prompt's samples
+"""Online DPO (part3_dpo/train_online_dpo.py): the iteration plan and how a prompt's samples
 become a preference pair. Pure functions, tested by hand in tests/test_online_dpo.py.
 
 Metric keys (logged as online_dpo/<key>; responses/*, gold/*, reward/*, time/*, memory/* and eval/* are
@@ -20,12 +20,7 @@ import torch
 from torch import Tensor
 
 from rlhf.core.errors import UserError
-from rlhf.core.losses import DPO_LOSSES
-from rlhf.methods.plan import check_rl_config
-from rlhf.stage.config import OnlineDPOConfig, require_positive
-
-JUDGES = ("reward", "simulated", "openai")
-REFERENCES = ("sft", "iteration")
+from rlhf.stage.config import OnlineDPOConfig
 
 
 @dataclass(frozen=True)
@@ -34,41 +29,6 @@ class OnlineDPOPlan:
     prompts_per_iteration: int  # all processes
     local_prompts: int  # this process's prompts per iteration
     optimizer_steps: int  # over the stage, for the scheduler: iterations x epochs
-
-
-def check_online_dpo_config(ocfg: OnlineDPOConfig) -> None:
-    """Config-only rules, checked at start-up; one line each, naming the keys."""
-    check_rl_config("online_dpo", ocfg)
-    require_positive(
-        ocfg, ["batch_size", "micro_batch_size", "forward_batch_size", "epochs", "total_episodes"], "online_dpo"
-    )
-    if ocfg.loss_type not in DPO_LOSSES:
-        raise UserError(f"online_dpo.loss_type='{ocfg.loss_type}' is not one of: {', '.join(DPO_LOSSES)}")
-    if ocfg.beta <= 0:
-        raise UserError(f"online_dpo.beta must be > 0, got {ocfg.beta}")
-    if not 0 <= ocfg.label_smoothing < 0.5 or (ocfg.label_smoothing and ocfg.loss_type != "cdpo"):
-        raise UserError(
-            f"online_dpo.label_smoothing={ocfg.label_smoothing} must be in [0, 0.5) and needs online_dpo.loss_type=cdpo"
-        )
-    if not 0 <= ocfg.length_heuristic < 1 or (ocfg.length_heuristic and ocfg.loss_type != "sigmoid"):
-        raise UserError(
-            f"online_dpo.length_heuristic={ocfg.length_heuristic} must be in [0, 1) and needs loss_type=sigmoid"
-        )
-    if ocfg.rpo_alpha < 0:
-        raise UserError(f"online_dpo.rpo_alpha must be >= 0 (0: plain DPO), got {ocfg.rpo_alpha}")
-    if ocfg.judge not in JUDGES:
-        raise UserError(f"online_dpo.judge='{ocfg.judge}' is not one of: {', '.join(JUDGES)}")
-    if ocfg.reference not in REFERENCES:
-        raise UserError(f"online_dpo.reference='{ocfg.reference}' is not one of: {', '.join(REFERENCES)}")
-    if ocfg.samples_per_prompt < 2:
-        raise UserError(f"online_dpo.samples_per_prompt={ocfg.samples_per_prompt} must be at least 2 to form a pair")
-    if ocfg.judge != "reward" and ocfg.samples_per_prompt != 2:
-        raise UserError(
-            f"online_dpo.judge={ocfg.judge} compares two responses; set online_dpo.samples_per_prompt=2 "
-            "(or online_dpo.judge=reward to rank more)"
-        )
-    if ocfg.temperature <= 0:
-        raise UserError(f"online_dpo.temperature={ocfg.temperature} must be > 0, or a prompt's samples are identical")
 
 
 def plan_online_dpo(ocfg: OnlineDPOConfig, world_size: int, n_prompts: int | None) -> OnlineDPOPlan:

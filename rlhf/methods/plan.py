@@ -1,14 +1,13 @@
-"""Batch-size rules and start-up checks of the RL stages (PPO, GRPO; RAFT shares the config checks)."""
+"""Batch-size rules of the RL stages (PPO, GRPO); their config rules are in `rlhf.methods.rules`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from rlhf.core.errors import UserError
-from rlhf.core.losses import GRPO_NORMALIZERS
+from rlhf.methods.rules import check_whole_groups
 from rlhf.models.training import micro_batch_size
-from rlhf.rollout.rewards import load_reward_source
-from rlhf.stage.config import GRPOConfig, PPOConfig, RAFTConfig, RLConfig, require_positive
+from rlhf.stage.config import GRPOConfig, RLConfig, require_positive
 
 
 @dataclass(frozen=True)
@@ -82,51 +81,6 @@ def plan_rl(stage: str, rcfg: RLConfig, world_size: int, n_prompts: int | None, 
         minibatch // micro,
         iterations * rcfg.epochs * rcfg.num_minibatches,
     )
-
-
-def check_whole_groups(stage: str, batch_size: int, group_size: int) -> None:
-    """A rollout batch holds whole groups of `group_size` responses per prompt."""
-    if batch_size % group_size:
-        raise UserError(
-            f"{stage}.batch_size={batch_size} must be divisible by {stage}.group_size={group_size} "
-            f"(whole groups per batch); set {stage}.batch_size to a multiple of {group_size}"
-        )
-
-
-def check_rl_config(stage: str, rcfg: RLConfig | RAFTConfig) -> None:
-    """Rules every online stage (PPO, GRPO, RAFT) shares: eval_every >= 0, and a reward spec that parses and imports."""
-    if rcfg.eval_every < 0:
-        raise UserError(f"{stage}.eval_every={rcfg.eval_every} must be >= 0 (0: only the final evaluation)")
-    load_reward_source(stage, rcfg.reward)
-
-
-def check_ppo_config(pcfg: PPOConfig) -> None:
-    check_rl_config("ppo", pcfg)
-    if pcfg.value_model not in ("separate", "shared"):
-        raise UserError(f"ppo.value_model must be 'separate' or 'shared', got '{pcfg.value_model}'")
-    if pcfg.kl_coef < 0:
-        raise UserError(f"ppo.kl_coef={pcfg.kl_coef} must be >= 0")
-    if pcfg.kl_target is not None and (pcfg.kl_target <= 0 or pcfg.kl_horizon < 1):
-        raise UserError(
-            f"ppo.kl_target={pcfg.kl_target} must be > 0 and ppo.kl_horizon={pcfg.kl_horizon} >= 1 "
-            "(or kl_target=null for a fixed beta)"
-        )
-    if not 0 <= pcfg.gamma <= 1 or not 0 <= pcfg.lam <= 1:
-        raise UserError(f"ppo.gamma={pcfg.gamma} and ppo.lam={pcfg.lam} must lie in [0, 1]")
-
-
-def check_grpo_config(gcfg: GRPOConfig) -> None:
-    check_rl_config("grpo", gcfg)
-    if gcfg.group_size < 1 or (gcfg.scale_rewards and gcfg.group_size < 2):
-        raise UserError(f"grpo.group_size={gcfg.group_size} must be at least 2 (a group needs a spread of rewards)")
-    check_whole_groups("grpo", gcfg.batch_size, gcfg.group_size)
-    if gcfg.loss_normalization not in GRPO_NORMALIZERS:
-        raise UserError(
-            f"grpo.loss_normalization must be one of {', '.join(sorted(GRPO_NORMALIZERS))}, "
-            f"got '{gcfg.loss_normalization}'"
-        )
-    if gcfg.kl_coef < 0:
-        raise UserError(f"grpo.kl_coef={gcfg.kl_coef} must be >= 0 (0: no KL term and no reference model)")
 
 
 def check_group_packing(plan: RLPlan, gcfg: GRPOConfig) -> None:

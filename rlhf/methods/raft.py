@@ -1,5 +1,5 @@
 """RAFT, reward-ranked fine-tuning (Dong et al. 2023, arXiv 2304.06767): which samples a round keeps,
-and the stage's derived sizes and config rules, checked at start-up. Pure: scores or a config in;
+and the stage's derived sizes, checked at start-up (its config rules: rlhf.methods.rules). Pure: scores or a config in;
 indices, sizes or a one-line UserError out. Tested by hand in tests/test_raft.py.
 
 A round's samples are laid out prompt-major: rows p*N .. p*N + N - 1 of the round's batch are the N
@@ -29,7 +29,6 @@ import torch
 from torch import Tensor
 
 from rlhf.core.errors import UserError
-from rlhf.methods.plan import check_rl_config
 from rlhf.models.training import StepPlan, plan_steps
 from rlhf.stage.config import RAFTConfig
 
@@ -57,7 +56,7 @@ def tied_prompts(scores: Tensor) -> Tensor:
     return scores.amax(dim=-1) == scores.amin(dim=-1)
 
 
-# ----------------------------------------------------------------------------- sizes and config rules
+# ----------------------------------------------------------------------------- sizes
 
 
 @dataclass(frozen=True)
@@ -67,23 +66,6 @@ class RAFTPlan:
     # round r's epoch e is numbered r * epochs_per_round + e, so every (round, epoch) gets its own data order
     epochs_per_round: int
     optimizer_steps: int  # over the stage, for the scheduler: rounds x finetune.total_steps
-
-
-def check_raft_config(rcfg: RAFTConfig) -> None:
-    """Config-only rules, checked at start-up before anything is loaded; one line each, naming the keys."""
-    for key in ("rounds", "prompts_per_round", "samples_per_prompt", "top_k", "max_new_tokens", "eval_batch_size"):
-        if getattr(rcfg, key) < 1:
-            raise UserError(f"raft.{key}={getattr(rcfg, key)} must be at least 1")
-    if rcfg.top_k >= rcfg.samples_per_prompt:
-        raise UserError(
-            f"raft.top_k={rcfg.top_k} must be less than raft.samples_per_prompt={rcfg.samples_per_prompt}: "
-            "keeping every sample of a prompt ignores their scores; lower top_k or sample more"
-        )
-    if rcfg.temperature <= 0:
-        raise UserError(
-            f"raft.temperature={rcfg.temperature} must be > 0: greedy decoding samples the same response N times"
-        )
-    check_rl_config("raft", rcfg)
 
 
 def plan_raft(rcfg: RAFTConfig, world_size: int, n_prompts: int | None) -> RAFTPlan:

@@ -24,7 +24,7 @@ from torch import nn
 
 from rlhf.core.errors import UserError
 from rlhf.core.ops import gather_logprobs
-from rlhf.models.sources import locate_gguf
+from rlhf.models.sources import check_model_source, locate_gguf
 from rlhf.stage.config import DataConfig, ModelConfig, RewardConfig, TokenizerConfig, is_gguf
 
 EOS_TOKEN = "<|endoftext|>"
@@ -54,21 +54,6 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return PreTrainedTokenizerFast(
         tokenizer_object=core, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN, padding_side="right"
     )
-
-
-def check_model_source(key: str, source: str | None) -> None:
-    """A source spelled as a filesystem path (/, ./, ../, ~) must exist: the Hub cannot serve it either; a GGUF
-    file must exist and be readable (`rlhf.models.sources.locate_gguf`)."""
-    if is_gguf(source):
-        locate_gguf(source, key)
-    elif source is not None and source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
-        raise UserError(f"{key} '{source}' does not exist; give an existing model folder or a Hub id")
-
-
-def check_model_sources(tok_cfg: TokenizerConfig, model_cfg: ModelConfig) -> None:
-    """Start-up check, before any data or model loads: the local tokenizer and model folders exist."""
-    check_model_source("tokenizer.name_or_path", tok_cfg.name_or_path)
-    check_model_source("model.name_or_path", model_cfg.name_or_path)
 
 
 def load_pretrained_tokenizer(tok_cfg: TokenizerConfig, model_cfg: ModelConfig, model_source: str | None = None):

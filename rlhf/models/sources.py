@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf.core.errors import UserError
+from rlhf.stage.config import ModelConfig, TokenizerConfig, is_gguf
 
 PACKAGE_SCHEME = "pkg://"
 SOURCE_FILE = "gguf_source.json"  # in the dequantized folder: which file it came from, and that file's digest
@@ -103,3 +104,18 @@ def dequantize(source: GGUFFile, dest: Path) -> None:
         tokenizer.save_pretrained(tmp)
         record = {"spec": source.spec, "file": source.name, "sha256": file_digest(source.path)}
         (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def check_model_source(key: str, source: str | None) -> None:
+    """A source spelled as a filesystem path (/, ./, ../, ~) must exist: the Hub cannot serve it either; a GGUF
+    file must exist and be readable (`locate_gguf`)."""
+    if is_gguf(source):
+        locate_gguf(source, key)
+    elif source is not None and source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().exists():
+        raise UserError(f"{key} '{source}' does not exist; give an existing model folder or a Hub id")
+
+
+def check_model_sources(tok_cfg: TokenizerConfig, model_cfg: ModelConfig) -> None:
+    """Start-up check, before any data or model loads: the local tokenizer and model folders exist."""
+    check_model_source("tokenizer.name_or_path", tok_cfg.name_or_path)
+    check_model_source("model.name_or_path", model_cfg.name_or_path)

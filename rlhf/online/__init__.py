@@ -16,7 +16,7 @@ rlhf.rollout.batch for the layout), per-token tensors aligned with the token the
 Metrics (keys `<stage>/<group>/<name>`, stage `ppo` or `grpo`; one row per iteration)
 -----------------------------------------------------------------------------------------
 objective/scores            mean training score of the batch (`<stage>.reward`: the reward model, functions, or a
-                            weighted sum; rlhf/rollout/rewards.py), after the missing-EOS penalty
+                            weighted sum; rlhf/rollout/reward_spec.py), after the missing-EOS penalty
 reward/<term>               mean unweighted score of each term of `<stage>.reward` before the penalty: reward/model for
                             the reward model, reward/<function name> for a function
 objective/kl                mean over rollouts of the sequence KL estimate sum_t (log pi - log pi_ref)

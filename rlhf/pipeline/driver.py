@@ -6,8 +6,9 @@
 A stage that already completed for the same config is skipped (without starting its process), so
 re-running the pipeline after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
 stage under a launcher, e.g. `accelerate launch --config_file configs/accelerate/ddp.yaml` or
-`torchrun --nproc_per_node 8` (docs/scaling.md, "Many GPUs (accelerate)"; `rlhf.pipeline.launch`): every chosen stage's
-batch arithmetic is checked for the number of processes it starts before any stage runs.
+`torchrun --nproc_per_node 8` (docs/scaling.md, "Many GPUs (accelerate)"; `rlhf.pipeline.launch`). Before any stage
+runs, every chosen stage's config rules (`rlhf.methods.rules`) and batch arithmetic, for the number of processes the
+launcher starts, are checked, each kind naming every broken setting at once.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 from rlhf.core.errors import UserError
 from rlhf.data import read_demonstrations, read_jsonl, unique_prompts
+from rlhf.methods.rules import check_stages
 from rlhf.pipeline.launch import check_batch_splits, launched_processes, launcher_command, run_launched
 from rlhf.pipeline.stage_process import preload, run_stage_script
 from rlhf.stage.cli import (
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg, run, force = parse_stage_args("pipeline", stage_args)
     check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
     stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg), with_judge=judge_needed(cfg))
+    check_stages(cfg, stages)  # each chosen stage's config rules, every broken one named at once
     launch = os.environ.get("RLHF_LAUNCH", "")
     world_size = launched_processes(launch) if launch else 1
     check_batch_splits(cfg, stages, world_size)  # from the config alone

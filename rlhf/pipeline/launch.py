@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlhf.core.errors import UserError
+from rlhf.core.errors import UserError, raise_all
 from rlhf.stage.cli import ERROR_FILE_ENV
 from rlhf.stage.config import Config
 
@@ -96,12 +96,8 @@ def check_batch_splits(cfg: Config, stages: list[str], world_size: int, sizes: d
         try:
             checks.get(stage, lambda: None)()
         except UserError as exc:
-            if str(exc) not in problems:  # judge_rm repeats the reward stage's
-                problems.append(str(exc))
-    if len(problems) == 1:
-        raise UserError(problems[0])
-    if problems:
-        raise UserError(f"{len(problems)} batch settings do not fit: " + " | ".join(problems))
+            problems.append(str(exc))  # judge_rm repeats the reward stage's: said once (raise_all)
+    raise_all(problems, "batch settings do not fit")
 
 
 def stderr_pipe() -> tuple[int, int]:

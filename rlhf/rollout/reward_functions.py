@@ -1,4 +1,4 @@
-"""Example reward functions for `ppo.reward` / `grpo.reward` (rlhf/rollout/rewards.py explains the spec).
+"""Example reward functions for `ppo.reward` / `grpo.reward` (rlhf/rollout/reward_spec.py explains the spec).
 
 A reward function is plain Python: it takes the batch's prompts and responses as text and returns
 one float per response. Use one alone or beside the reward model:

@@ -97,13 +97,15 @@ def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config,
     return cfg, RunDir(cfg.run.output_dir, preset=name, args=run_arguments(args)), args.force
 
 
-def answer_early(stage: str) -> None:
+def answer_early(stage: str, rules: Callable[[Config], object] | None = None) -> None:
     """What a stage script calls first when run as a program, before its imports load torch and transformers
-    (seconds): `--help` and a mistyped flag (argparse), and a config that does not load (an unknown key, a bad value,
-    the YAML), answer at once, the error in one line, exit 2. The stage parses its command line again as it starts
-    (`start_stage`), where the rules that need the stage's own code follow."""
+    (seconds): `--help` and a mistyped flag (argparse), a config that does not load (an unknown key, a bad value,
+    the YAML) and one that breaks the stage's `rules` (`rlhf.methods.rules`, which import no torch) answer at once,
+    the error in one line, exit 2. The stage parses its command line again as it starts (`start_stage`)."""
     try:
-        parse_stage_args(stage, sys.argv[1:])
+        cfg, _, _ = parse_stage_args(stage, sys.argv[1:])
+        if rules is not None:
+            rules(cfg)
     except UserError as exc:
         fail(f"error: {exc}")
 
@@ -117,7 +119,7 @@ def start_stage(
     stage: str,
     argv: list[str] | None = None,
     requires: tuple[str, ...] = (),
-    check: Callable[[Config], None] | None = None,
+    check: Callable[[Config], object] | None = None,
     one_process: bool = False,
 ) -> tuple[Config, RunDir] | None:
     """Parse the command line; None (after saying so) when the stage already completed for this config,

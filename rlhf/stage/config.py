@@ -277,7 +277,7 @@ class RLConfig:
     # iterations between held-out evaluations of the policy (RM score, gold score, KL to SFT as <stage>/eval/*), plus
     # one before training; 0: only the final one
     eval_every: int = 0
-    # training score (rlhf/rollout/rewards.py): "model" (the run's reward model), "package.module:function"
+    # training score (rlhf/rollout/reward_spec.py): "model" (the run's reward model), "package.module:function"
     # (fn(prompts, responses) -> list[float], e.g. rlhf.task:gold_rewards), or a weighted sum
     # "model + 0.5*package.module:function"
     reward: str = "model"
@@ -340,7 +340,7 @@ class RAFTConfig(TrainConfig):
     prompts_per_round: int = 256  # distinct training prompts per round (all processes)
     samples_per_prompt: int = 8  # N responses sampled and ranked per prompt (Dong et al.'s K; they compare 8 to 32)
     top_k: int = 1  # responses kept per prompt, best first; 1 keeps the best of N (Dong et al.), must be < N
-    # ranking score (rlhf/rollout/rewards.py), as ppo.reward and grpo.reward: "model" (the run's reward model),
+    # ranking score (rlhf/rollout/reward_spec.py), as ppo.reward and grpo.reward: "model" (the run's reward model),
     # "package.module:function" (e.g. rlhf.task:gold_rewards), or a weighted sum "model + 0.5*package.module:function"
     reward: str = "model"
     # subtracted from the score of a response with no EOS before ranking (as in PPO and GRPO), so an

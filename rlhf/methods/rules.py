@@ -1,0 +1,299 @@
+"""Each stage's config rules: what its settings must satisfy, checked before anything loads, one line each naming the
+keys to change.
+
+Functions of the config alone, in a module that imports no torch (tests/test_commands.py holds it to that), so that
+- a stage script checks its own before its heavy imports (`rlhf.stage.cli.answer_early`: under a second) and
+  again as it starts (`rlhf.stage.cli.start_stage`);
+- `bash run_all.sh` checks those of every chosen stage at start-up, all at once (`check_stages`), not each one when
+  its stage starts, after the stages before it have run.
+A reward spec's functions are imported here (`rlhf.rollout.reward_spec`): a user's module that imports torch takes
+that long. What needs more than the config stays with its stage: the model's context length (its config file,
+`rlhf.models.modeling.check_context_from_config`), the batches against the data (`rlhf.pipeline.launch`).
+
+Rules every stage shares (positive counts, shares, the pair sources, LoRA, the rollout engine) are checked as the
+config loads (`rlhf.stage.config.validate`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from rlhf.core.errors import UserError, raise_all
+from rlhf.judges import OpenAIJudge
+from rlhf.models.sources import check_model_source
+from rlhf.rollout.reward_spec import load_reward_spec
+from rlhf.stage.config import (
+    Config,
+    DPOConfig,
+    GRPOConfig,
+    OnlineDPOConfig,
+    PPOConfig,
+    RAFTConfig,
+    RLConfig,
+    require_positive,
+)
+
+# The choices of keys whose implementations live in modules that load torch; tests/test_rules.py checks that they
+# name the same ones.
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "cdpo")  # dpo.loss_type, online_dpo.loss_type: rlhf.core.losses.DPO_LOSSES
+GRPO_LOSS_NORMALIZATIONS = ("sequence", "token")  # grpo.loss_normalization: rlhf.core.losses.GRPO_NORMALIZERS
+ONLINE_DPO_JUDGES = ("reward", "simulated", "openai")  # online_dpo.judge
+ONLINE_DPO_REFERENCES = ("sft", "iteration")  # online_dpo.reference
+EVAL_JUDGES = ("gold", "reward", "independent", "openai")  # eval.judges
+
+
+# ----------------------------------------------------------------------------- data and SFT
+
+
+def check_model_sources(cfg: Config) -> None:
+    """The local tokenizer and model folders (or GGUF file) exist."""
+    check_model_source("tokenizer.name_or_path", cfg.tokenizer.name_or_path)
+    check_model_source("model.name_or_path", cfg.model.name_or_path)
+
+
+def check_data_config(cfg: Config) -> None:
+    if cfg.data.chat_template and cfg.tokenizer.train_from_data:
+        raise UserError("data.chat_template needs a pretrained tokenizer; set tokenizer.train_from_data=false")
+    check_model_sources(cfg)
+
+
+# ----------------------------------------------------------------------------- reward models and collected pairs
+
+
+def check_reward_config(cfg: Config) -> None:
+    reward = cfg.reward
+    if not 0 <= reward.label_smoothing < 0.5:
+        raise UserError(f"reward.label_smoothing must be in [0, 0.5), got {reward.label_smoothing}")
+    if reward.length_heuristic and (reward.label_smoothing or reward.margin):
+        raise UserError(
+            "reward.length_heuristic replaces the Bradley-Terry likelihood that reward.margin and "
+            "reward.label_smoothing modify; set those to 0, or reward.length_heuristic=false"
+        )
+    if reward.length_heuristic_lr <= 0:
+        raise UserError(f"reward.length_heuristic_lr must be > 0, got {reward.length_heuristic_lr}")
+    if reward.logprob_distill_coef < 0:
+        raise UserError(f"reward.logprob_distill_coef must be >= 0, got {reward.logprob_distill_coef}")
+    if cfg.model.lora.for_stage("reward").enabled and reward.pooling != "last":
+        raise UserError(
+            "model.lora.enabled on the reward stage (model.lora.stages) needs reward.pooling=last (LoRA keeps only a "
+            "last-token score head)"
+        )
+
+
+def check_judge_rm_config(cfg: Config) -> None:
+    """The independent judge's reward model, trained as the reward model is (section `reward`)."""
+    check_reward_config(cfg)
+    if not cfg.data.judge_fraction:
+        raise UserError(
+            "judge_rm trains on the pairs data.judge_fraction holds out, and it is 0; set data.judge_fraction "
+            "(e.g. 0.3) and re-run the data stage"
+        )
+
+
+def check_collect_config(cfg: Config) -> None:
+    c = cfg.collect
+    if c.samples_per_prompt < 2:
+        raise UserError(f"collect.samples_per_prompt={c.samples_per_prompt} must be at least 2 to form a pair")
+    if c.temperature <= 0:
+        raise UserError(f"collect.temperature={c.temperature} must be > 0, or the K samples of a prompt are identical")
+    if c.max_new_tokens > cfg.data.max_response_tokens:
+        raise UserError(
+            f"collect.max_new_tokens={c.max_new_tokens} exceeds data.max_response_tokens="
+            f"{cfg.data.max_response_tokens}; every longer pair would be dropped, so lower it"
+        )
+    if c.annotator == "simulated" and cfg.data.path != "embedded":
+        raise UserError(
+            "collect.annotator=simulated labels only the embedded task's prompts (data.path=embedded); "
+            "use collect.annotator=openai or collect.annotator=reward"
+        )
+    if c.annotator == "reward":
+        if not c.reward_model:
+            raise UserError("collect.annotator=reward needs collect.reward_model=FOLDER (a reward model's folder)")
+        if not (Path(c.reward_model) / "config.json").is_file():
+            raise UserError(
+                f"collect.reward_model={c.reward_model} is not a model folder (no config.json); give a folder "
+                "written by the reward stage, e.g. outputs/<run>/reward/model"
+            )
+    if c.annotator == "openai" and not (judge := OpenAIJudge(cfg.judge)).available():
+        raise UserError(
+            f"collect.annotator=openai {judge.unavailable_reason}; export it (and OPENAI_BASE_URL or judge.base_url "
+            "for another server), or use collect.annotator=simulated"
+        )
+
+
+# ----------------------------------------------------------------------------- the online stages
+
+
+def check_rl_config(stage: str, rcfg: RLConfig | RAFTConfig) -> None:
+    """Rules every online stage shares: eval_every >= 0, and a reward spec that parses and imports."""
+    if rcfg.eval_every < 0:
+        raise UserError(f"{stage}.eval_every={rcfg.eval_every} must be >= 0 (0: only the final evaluation)")
+    load_reward_spec(rcfg.reward, f"{stage}.reward")
+
+
+def check_whole_groups(stage: str, batch_size: int, group_size: int) -> None:
+    """A rollout batch holds whole groups of `group_size` responses per prompt."""
+    if batch_size % group_size:
+        raise UserError(
+            f"{stage}.batch_size={batch_size} must be divisible by {stage}.group_size={group_size} "
+            f"(whole groups per batch); set {stage}.batch_size to a multiple of {group_size}"
+        )
+
+
+def check_ppo_config(pcfg: PPOConfig) -> None:
+    check_rl_config("ppo", pcfg)
+    if pcfg.value_model not in ("separate", "shared"):
+        raise UserError(f"ppo.value_model must be 'separate' or 'shared', got '{pcfg.value_model}'")
+    if pcfg.kl_coef < 0:
+        raise UserError(f"ppo.kl_coef={pcfg.kl_coef} must be >= 0")
+    if pcfg.kl_target is not None and (pcfg.kl_target <= 0 or pcfg.kl_horizon < 1):
+        raise UserError(
+            f"ppo.kl_target={pcfg.kl_target} must be > 0 and ppo.kl_horizon={pcfg.kl_horizon} >= 1 "
+            "(or kl_target=null for a fixed beta)"
+        )
+    if not 0 <= pcfg.gamma <= 1 or not 0 <= pcfg.lam <= 1:
+        raise UserError(f"ppo.gamma={pcfg.gamma} and ppo.lam={pcfg.lam} must lie in [0, 1]")
+
+
+def check_grpo_config(gcfg: GRPOConfig) -> None:
+    check_rl_config("grpo", gcfg)
+    if gcfg.group_size < 1 or (gcfg.scale_rewards and gcfg.group_size < 2):
+        raise UserError(f"grpo.group_size={gcfg.group_size} must be at least 2 (a group needs a spread of rewards)")
+    check_whole_groups("grpo", gcfg.batch_size, gcfg.group_size)
+    if gcfg.loss_normalization not in GRPO_LOSS_NORMALIZATIONS:
+        raise UserError(
+            f"grpo.loss_normalization must be one of {', '.join(sorted(GRPO_LOSS_NORMALIZATIONS))}, "
+            f"got '{gcfg.loss_normalization}'"
+        )
+    if gcfg.kl_coef < 0:
+        raise UserError(f"grpo.kl_coef={gcfg.kl_coef} must be >= 0 (0: no KL term and no reference model)")
+
+
+def check_raft_config(rcfg: RAFTConfig) -> None:
+    for key in ("rounds", "prompts_per_round", "samples_per_prompt", "top_k", "max_new_tokens", "eval_batch_size"):
+        if getattr(rcfg, key) < 1:
+            raise UserError(f"raft.{key}={getattr(rcfg, key)} must be at least 1")
+    if rcfg.top_k >= rcfg.samples_per_prompt:
+        raise UserError(
+            f"raft.top_k={rcfg.top_k} must be less than raft.samples_per_prompt={rcfg.samples_per_prompt}: "
+            "keeping every sample of a prompt ignores their scores; lower top_k or sample more"
+        )
+    if rcfg.temperature <= 0:
+        raise UserError(
+            f"raft.temperature={rcfg.temperature} must be > 0: greedy decoding samples the same response N times"
+        )
+    check_rl_config("raft", rcfg)
+
+
+# ----------------------------------------------------------------------------- the DPO family
+
+
+def check_dpo_loss(section: str, node: DPOConfig | OnlineDPOConfig) -> None:
+    """The loss settings `dpo` and `online_dpo` share (the same keys in both sections)."""
+    loss_type, label_smoothing, length_heuristic = node.loss_type, node.label_smoothing, node.length_heuristic
+    if loss_type not in DPO_LOSS_TYPES:
+        raise UserError(f"{section}.loss_type='{loss_type}' is not one of: {', '.join(DPO_LOSS_TYPES)}")
+    if node.beta <= 0:
+        raise UserError(f"{section}.beta must be > 0, got {node.beta}")
+    if not 0 <= label_smoothing < 0.5:
+        raise UserError(f"{section}.label_smoothing must be in [0, 0.5), got {label_smoothing}")
+    if label_smoothing and loss_type != "cdpo":
+        raise UserError(
+            f"{section}.label_smoothing={label_smoothing} is only used by {section}.loss_type=cdpo; "
+            "set one or the other"
+        )
+    if not 0 <= length_heuristic < 1:
+        raise UserError(f"{section}.length_heuristic must be in [0, 1), got {length_heuristic}")
+    if length_heuristic and loss_type != "sigmoid":
+        raise UserError(f"{section}.length_heuristic is a rater model for {section}.loss_type=sigmoid, not {loss_type}")
+    if node.rpo_alpha < 0:
+        raise UserError(f"{section}.rpo_alpha must be >= 0 (0: plain DPO), got {node.rpo_alpha}")
+
+
+def check_dpo_config(cfg: Config) -> None:
+    d = cfg.dpo
+    check_dpo_loss("dpo", d)
+    if d.max_train_pairs is not None and d.max_train_pairs < d.batch_size:
+        raise UserError(
+            f"dpo.max_train_pairs={d.max_train_pairs} is fewer than one batch (dpo.batch_size={d.batch_size})"
+        )
+    if d.eval_prompts < 0:
+        raise UserError(f"dpo.eval_prompts={d.eval_prompts} must be >= 0 (0: no held-out samples)")
+
+
+def check_online_dpo_config(ocfg: OnlineDPOConfig) -> None:
+    """The rules of the `online_dpo` section alone."""
+    check_rl_config("online_dpo", ocfg)
+    require_positive(
+        ocfg, ["batch_size", "micro_batch_size", "forward_batch_size", "epochs", "total_episodes"], "online_dpo"
+    )
+    check_dpo_loss("online_dpo", ocfg)
+    if ocfg.judge not in ONLINE_DPO_JUDGES:
+        raise UserError(f"online_dpo.judge='{ocfg.judge}' is not one of: {', '.join(ONLINE_DPO_JUDGES)}")
+    if ocfg.reference not in ONLINE_DPO_REFERENCES:
+        raise UserError(f"online_dpo.reference='{ocfg.reference}' is not one of: {', '.join(ONLINE_DPO_REFERENCES)}")
+    if ocfg.samples_per_prompt < 2:
+        raise UserError(f"online_dpo.samples_per_prompt={ocfg.samples_per_prompt} must be at least 2 to form a pair")
+    if ocfg.judge != "reward" and ocfg.samples_per_prompt != 2:
+        raise UserError(
+            f"online_dpo.judge={ocfg.judge} compares two responses; set online_dpo.samples_per_prompt=2 "
+            "(or online_dpo.judge=reward to rank more)"
+        )
+    if ocfg.temperature <= 0:
+        raise UserError(f"online_dpo.temperature={ocfg.temperature} must be > 0, or a prompt's samples are identical")
+
+
+def check_online_dpo_stage(cfg: Config) -> None:
+    check_online_dpo_config(cfg.online_dpo)
+    if cfg.online_dpo.judge == "simulated" and cfg.data.path != "embedded":
+        raise UserError(
+            "online_dpo.judge=simulated labels only the embedded task's prompts (data.path=embedded); "
+            "use online_dpo.judge=reward or online_dpo.judge=openai"
+        )
+    if cfg.online_dpo.judge == "openai" and not (judge := OpenAIJudge(cfg.judge)).available():
+        raise UserError(
+            f"online_dpo.judge=openai {judge.unavailable_reason}; export it (and OPENAI_BASE_URL or judge.base_url "
+            "for another server), or use online_dpo.judge=reward"
+        )
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def requested_judges(cfg: Config) -> list[str]:
+    """eval.judges as a list, every name known."""
+    requested = [name.strip() for name in cfg.eval.judges.split(",") if name.strip()]
+    if unknown := set(requested) - set(EVAL_JUDGES):
+        raise UserError(
+            f"eval.judges has unknown judge(s) {', '.join(sorted(unknown))}; choose from {', '.join(EVAL_JUDGES)}"
+        )
+    return requested
+
+
+# ----------------------------------------------------------------------------- every stage
+
+STAGE_RULES: dict[str, Callable[[Config], object]] = {
+    "data": check_data_config,
+    "sft": check_model_sources,
+    "collect": check_collect_config,
+    "reward": check_reward_config,
+    "ppo": lambda cfg: check_ppo_config(cfg.ppo),
+    "grpo": lambda cfg: check_grpo_config(cfg.grpo),
+    "raft": lambda cfg: check_raft_config(cfg.raft),
+    "dpo": check_dpo_config,
+    "online_dpo": check_online_dpo_stage,
+    "judge_rm": check_judge_rm_config,
+    "eval": requested_judges,
+}
+
+
+def check_stages(cfg: Config, stages: list[str]) -> None:
+    """The rules of every stage in `stages`: one UserError naming every broken one, all at once."""
+    problems = []
+    for stage in stages:
+        try:
+            STAGE_RULES.get(stage, lambda cfg: None)(cfg)
+        except UserError as exc:
+            problems.append(str(exc))
+    raise_all(problems, "settings are not valid")
