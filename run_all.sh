@@ -6,10 +6,11 @@
 #   RLHF_LAUNCH="accelerate launch --multi_gpu" bash run_all.sh --preset gpt2-hh    several GPUs
 set -euo pipefail
 export RLHF_CALLER_DIR="${RLHF_CALLER_DIR:-$PWD}"  # relative paths mean what they do where the command was typed
-# Idle OpenMP threads sleep instead of spinning: beside another torch job on 2 cores a tiny SFT step took 0.34 s
-# rather than 2.75 s, alone 0.198 s rather than 0.182 (bench/results/cpu-2core-2026-11-28-omp-wait.json); the
-# arithmetic is the same (docs/performance.md). OMP_WAIT_POLICY=ACTIVE (or any value) keeps yours.
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+# Idle OpenMP threads spin 1,000 times, not 300,000, before they sleep (libgomp, torch's OpenMP on Linux): beside
+# another torch job on 2 cores the tiny pipeline took 1.4x its time alone, not several times, and alone it keeps
+# the default's speed, which sleeping at once (OMP_WAIT_POLICY=PASSIVE) lost (docs/performance.md, "Threads"). The
+# arithmetic is the same. Setting OMP_WAIT_POLICY or GOMP_SPINCOUNT yourself keeps yours.
+if [ -z "${OMP_WAIT_POLICY:-}" ] && [ -z "${GOMP_SPINCOUNT:-}" ]; then export GOMP_SPINCOUNT=1000; fi
 cd "$(dirname "$0")"
 source scripts/env.sh
 exec "$PY" -m rlhf.pipeline "$@"

@@ -269,3 +269,11 @@ def test_pipeline_shared_runs_the_pipeline_alone_then_beside_a_neighbour_and_com
     result = json.loads(next(tmp_path.glob("*-pipeline-shared.json")).read_text())
     assert result["loaded_over_quiet"] == 1.8 and result["quiet_over_quiet_default_policy"] == 1.25
     assert result["files_compared"] == 2 and result["identical"] is True
+
+    events.clear()  # some of the runs: those, in their order, and only the ratios they make
+    shared.main(
+        ["--work", str(tmp_path / "work"), "--out", str(tmp_path), "--runs", "quiet_default,quiet", "--name", "x"]
+    )
+    assert events == [("run", "quiet", False), ("run", "quiet_default", True)]
+    result = json.loads(next(tmp_path.glob("*-x.json")).read_text())
+    assert "loaded_over_quiet" not in result and result["quiet_over_quiet_default_policy"] == 1.25

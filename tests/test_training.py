@@ -235,11 +235,13 @@ def test_a_shared_cpu_gets_advice_only_while_idle_threads_spin(monkeypatch):
     monkeypatch.setattr(training.torch, "get_num_threads", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     training.warn_if_cpu_shared(accelerator)
-    assert len(printed) == 1 and "only 0.4 of" in printed[0] and "OMP_WAIT_POLICY=PASSIVE" in printed[0]
-    for value in ("PASSIVE", "passive"):  # run_all.sh's default: idle threads sleep, nothing to advise
-        monkeypatch.setenv("OMP_WAIT_POLICY", value)
+    assert len(printed) == 1 and "only 0.4 of" in printed[0] and "GOMP_SPINCOUNT=1000" in printed[0]
+    for key, value in (("GOMP_SPINCOUNT", "1000"), ("OMP_WAIT_POLICY", "PASSIVE")):  # the wait was chosen
+        monkeypatch.setenv(key, value)  # (run_all.sh sets the first)
         training.warn_if_cpu_shared(accelerator)
+        monkeypatch.delenv(key)
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user chose the threads
     training.warn_if_cpu_shared(accelerator)

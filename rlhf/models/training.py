@@ -64,8 +64,9 @@ def idle_cores(window_s: float = 0.3) -> float | None:
 
 
 def warn_if_cpu_shared(accelerator: Accelerator) -> None:
-    """On CPU, one line of advice when other processes keep cores busy, idle OpenMP threads spin (OMP_WAIT_POLICY
-    is not PASSIVE) and OMP_NUM_THREADS is unset.
+    """On CPU, one line of advice when other processes keep cores busy, nothing says how idle OpenMP threads wait
+    (neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set: libgomp's threads spin 300,000 times at each barrier) and
+    OMP_NUM_THREADS is unset.
 
     torch's default is one intra-op thread per core. When another process keeps a core busy, its
     threads spin at every barrier waiting for the one that was descheduled: a reward-model step on
@@ -73,14 +74,14 @@ def warn_if_cpu_shared(accelerator: Accelerator) -> None:
     (docs/performance.md). The thread count is left alone, so a stage's numbers never depend on the machine's
     load (a different count can change float reductions); the advice says how to choose it.
     """
-    passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"  # idle threads sleep: nothing spins
-    if accelerator.device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or passive:
+    wait_set = any(os.environ.get(key) for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))
+    if accelerator.device.type != "cpu" or "OMP_NUM_THREADS" in os.environ or wait_set:
         return
     idle = idle_cores()
     if idle is not None and round(idle) < torch.get_num_threads():
         accelerator.print(
             f"[cpu] only {idle:.1f} of {os.cpu_count()} cores idle: torch's {torch.get_num_threads()} threads will "
-            "spin against the other jobs; start the stage with OMP_WAIT_POLICY=PASSIVE (bash run_all.sh sets it), "
+            "spin against the other jobs; start the stage with GOMP_SPINCOUNT=1000 (bash run_all.sh sets it), "
             "often several times faster"
         )
 

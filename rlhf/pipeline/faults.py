@@ -44,7 +44,7 @@ from rlhf.models.checkpoint import STATE_FILE, resolve_complete
 from rlhf.stage.fault_points import FAULT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STAGE_ORDER = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "eval")
+STAGE_ORDER = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo", "eval")
 
 # Small budgets: each stage a few seconds to a minute on one CPU core, with a checkpoint every
 # step or two so that kills land between, and inside, many checkpoint writes.
@@ -88,6 +88,15 @@ FAULT_OVERRIDES = [
     "dpo.micro_batch_size=16",
     "dpo.save_every=4",
     "dpo.eval_prompts=16",
+    "online_dpo.total_episodes=96",
+    "online_dpo.batch_size=16",
+    "online_dpo.micro_batch_size=8",
+    "online_dpo.forward_batch_size=16",
+    "online_dpo.max_new_tokens=16",
+    "online_dpo.eval_prompts=16",
+    "online_dpo.save_every=1",
+    "online_dpo.samples_every=1",
+    "online_dpo.cpu_threads=1",
     "eval.num_prompts=48",
     "eval.best_of_n=4",
     "eval.best_of_n_prompts=8",
