@@ -349,9 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = table(trials, stages)
     elapsed = time.perf_counter() - started
 
-    print(f"\n{'stage':<8} {'trials':>6} {'survived':>8} {'identical':>9}")
+    print(f"\n{'stage':<10} {'trials':>6} {'survived':>8} {'identical':>9}")
     for row in rows:
-        print(f"{row['stage']:<8} {row['trials']:>6} {row['survived']:>8} {row['identical']:>9}")
+        print(f"{row['stage']:<10} {row['trials']:>6} {row['survived']:>8} {row['identical']:>9}")
     print(f"{len(trials)} trials in {elapsed:.0f}s; details in {work / 'faults.json'}")
     report = {
         "command": " ".join(["python -m rlhf.pipeline.faults", *(argv if argv is not None else sys.argv[1:])]),
