@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg, run, force = parse_stage_args("pipeline", stage_args)
     check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
     stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg), with_judge=judge_needed(cfg))
-    check_stages(cfg, stages)  # each chosen stage's config rules, every broken one named at once
+    # each chosen stage's config rules, every broken one named at once; a stage that will be skipped needs none
+    check_stages(cfg, [stage for stage in stages if force or not run.is_complete(stage, cfg)])
     launch = os.environ.get("RLHF_LAUNCH", "")
     world_size = launched_processes(launch) if launch else 1
     check_batch_splits(cfg, stages, world_size)  # from the config alone

@@ -103,8 +103,8 @@ def answer_early(stage: str, rules: Callable[[Config], object] | None = None) ->
     the YAML) and one that breaks the stage's `rules` (`rlhf.methods.rules`, which import no torch) answer at once,
     the error in one line, exit 2. The stage parses its command line again as it starts (`start_stage`)."""
     try:
-        cfg, _, _ = parse_stage_args(stage, sys.argv[1:])
-        if rules is not None:
+        cfg, run, force = parse_stage_args(stage, sys.argv[1:])
+        if rules is not None and (force or not run.is_complete(stage, cfg)):  # a finished stage is only skipped
             rules(cfg)
     except UserError as exc:
         fail(f"error: {exc}")
