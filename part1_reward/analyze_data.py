@@ -26,6 +26,9 @@ if __name__ == "__main__":
 
 from rlhf import task
 from rlhf.analysis.plots import plot_length_distributions
+from rlhf.benchmarks import locate
+from rlhf.benchmarks.ifeval import load_ifeval
+from rlhf.benchmarks.instruction_prompts import all_base_requests, build_instruction_prompts, ifeval_overlap
 from rlhf.chat import check_chat_template, fit_turns, render_prompt
 from rlhf.core.batching import encode_texts
 from rlhf.core.errors import UserError
@@ -53,6 +56,7 @@ from rlhf.models.modeling import (
     train_tokenizer,
 )
 from rlhf.models.sources import dequantize, is_dequantized, locate_gguf
+from rlhf.rollout.benchmarks import render_user_prompt
 from rlhf.stage.config import is_gguf
 from rlhf.stage.run import write_json_atomic
 
@@ -220,6 +224,52 @@ def source_stats(source: Source, splits, lengths, reasons) -> dict:
     }
 
 
+def verifiable_prompts(cfg, tokenizer) -> tuple[dict[str, list[dict]], dict]:
+    """data.instructions' train and val prompts as rows {prompt (as the policy reads it), user_prompt, key,
+    instruction_id_list, kwargs}, and their statistics: instruction types, prompt lengths, and the leak check of
+    the base requests against IFEval's prompts (when eval.ifeval_path is readable)."""
+    spec = cfg.data.instructions
+    built = {
+        split: build_instruction_prompts(n, split, spec.val_fraction, spec.seed)
+        for split, n in (("train", spec.n_train), ("val", spec.n_val))
+    }
+    splits = {
+        split: [
+            {
+                "prompt": render_user_prompt(tokenizer, row.prompt, cfg.data.chat_template),
+                "user_prompt": row.prompt,
+                "key": row.key,
+                **row.fields(),
+            }
+            for row in rows
+        ]
+        for split, rows in built.items()
+    }
+    lengths = {
+        split: [len(ids) for ids in encode_texts(tokenizer, [r["prompt"] for r in rows])]
+        for split, rows in splits.items()
+    }
+    if too_long := sum(n > cfg.data.max_prompt_tokens for n in lengths["train"] + lengths["val"]):
+        raise UserError(
+            f"{too_long} instruction prompts are longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens} "
+            f"(longest {max(lengths['train'] + lengths['val'])}); raise data.max_prompt_tokens"
+        )
+    types: dict[str, int] = {}
+    for row in built["train"]:
+        for instruction_id in row.instruction_id_list:
+            types[instruction_id] = types.get(instruction_id, 0) + 1
+    stats = {
+        "n_train": len(splits["train"]),
+        "n_val": len(splits["val"]),
+        "prompt_tokens_max": max(lengths["train"] + lengths["val"]),
+        "train_instruction_types": dict(sorted(types.items())),
+    }
+    ifeval_file = locate(cfg.eval.ifeval_path)
+    if ifeval_file.is_file():  # the leak check reads IFEval's prompt text only, never its answers or scores
+        stats["ifeval_overlap"] = ifeval_overlap(all_base_requests(), [row.prompt for row in load_ifeval(ifeval_file)])
+    return splits, stats
+
+
 def startup_checks(cfg) -> None:
     """Before any data loads (the config's own rules, split shares included, were checked as it loaded): the
     model folders exist, and the data limits fit the model's positions (the SFT stage would otherwise find out only
@@ -311,9 +361,16 @@ def main(argv: list[str] | None = None) -> None:
             "gold_tie_rate": {name: task.gold_tie_rate(rows) for name, rows in splits.items() if rows},
         }
 
+    # 5b. Verifiable instruction prompts for the RL stages (data.instructions), rendered as the pairs' prompts are.
+    instruction_splits = {}
+    if cfg.data.instructions.n_train:
+        instruction_splits, stats["instructions"] = verifiable_prompts(cfg, tokenizer)
+
     # 6. Write the processed splits, the tokenizer (atomically), stats and the figure.
     for name, rows in splits.items():
         write_jsonl(out_dir / f"{name}.jsonl", rows)
+    for name, rows in instruction_splits.items():
+        write_jsonl(out_dir / f"instructions_{name}.jsonl", rows)
     if "demonstrations" in outputs:
         for name, rows in outputs["demonstrations"][0].items():
             write_jsonl(out_dir / f"sft_{name}.jsonl", rows)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.methods.rules import STAGE_RULES, requested_judges
+from rlhf.methods.rules import STAGE_RULES, requested_benchmarks, requested_judges
 from rlhf.stage.cli import answer_early, run_stage, start_stage
 
 if __name__ == "__main__":
@@ -43,6 +43,13 @@ from rlhf.models.memory import peak_memory_mb
 from rlhf.models.modeling import build_policy, load_policy, load_reward_model, load_tokenizer
 from rlhf.models.training import make_accelerator
 from rlhf.rollout.batch import eval_sampling
+from rlhf.rollout.benchmarks import (
+    HEADLINE_BENCHMARK_METRICS,
+    answer_benchmark,
+    benchmark_line,
+    load_benchmark,
+    paired_benchmark_change,
+)
 from rlhf.rollout.engines import build_engine, check_engine
 from rlhf.rollout.evaluation import EVAL_STREAM, sample_for_eval
 from rlhf.rollout.rewards import text_scorer
@@ -380,6 +387,36 @@ def main(argv: list[str] | None = None) -> None:
             for name, p_holm in holm_adjust({name: change["p"] for name, change in changes.items()}).items():
                 suites[suite][name]["refusal_change_vs_sft"] = {**changes[name], "p_holm": p_holm}
 
+    # 5b. Public benchmarks (eval.benchmarks): every model answers IFEval and XSTest greedily, scored by the
+    #     benchmarks' own rules; each model's change against SFT on the same prompts, Holm-adjusted over the models.
+    benchmarks: dict[str, dict] = {}
+    benchmark_records: dict[str, list[dict]] = {}
+    for bench in requested_benchmarks(cfg):
+        rows = load_benchmark(bench, getattr(cfg.eval, f"{bench}_path"))[: cfg.eval.benchmark_prompts]
+        answered = {}
+        with accelerator.autocast():
+            for name, model in progress(models.items(), f"eval: {bench}", len(models), accelerator):
+                answered[name] = answer_benchmark(
+                    bench,
+                    rows,
+                    engine,
+                    model,
+                    tokenizer,
+                    cfg.data.chat_template,
+                    cfg.eval.benchmark_max_new_tokens,
+                    cfg.eval.batch_size,
+                    accelerator,
+                )
+        benchmarks[bench] = {name: result.summary() for name, result in answered.items()}
+        changes = {name: paired_benchmark_change(answered["sft"], answered[name]) for name in answered if name != "sft"}
+        for metric in HEADLINE_BENCHMARK_METRICS[bench]:
+            for name, p_holm in holm_adjust({name: change[metric]["p"] for name, change in changes.items()}).items():
+                changes[name][metric]["p_holm"] = p_holm
+        for name, change in changes.items():
+            benchmarks[bench][name]["change_vs_sft"] = change
+        benchmark_records[bench] = [record for name, result in answered.items() for record in result.records(name)]
+        say_line(accelerator, f"[eval] {bench}: " + benchmark_line(bench, benchmarks[bench]))
+
     # 6. From here on the main process alone writes, judges and publishes.
     if not accelerator.is_main_process:
         return
@@ -388,6 +425,9 @@ def main(argv: list[str] | None = None) -> None:
     for suite, rows in suite_rows.items():
         (out_dir / "suites").mkdir(exist_ok=True)
         write_jsonl(out_dir / "suites" / f"{suite}.jsonl", rows)
+    for bench, records in benchmark_records.items():
+        (out_dir / "benchmarks").mkdir(exist_ok=True)
+        write_jsonl(out_dir / "benchmarks" / f"{bench}.jsonl", records)
 
     # 7. Pairwise judges, by eval.baseline: each policy vs SFT, each pair of policies and each model vs the
     #    dataset's chosen response; or each model vs the reference response.
@@ -476,6 +516,8 @@ def main(argv: list[str] | None = None) -> None:
                 "judge_agreement": judge_agreement,
                 "judges": judges_info,
                 "suites": suites,
+                "benchmarks": benchmarks,
+                "benchmark_decoding": {"temperature": 0.0, "max_new_tokens": cfg.eval.benchmark_max_new_tokens},
                 "decoding": decoding,
                 "prompt_split": prompt_split,
                 "peak_memory_mb": memory_mb,

@@ -160,6 +160,22 @@ def sign_test_p(wins: int, losses: int) -> float:
     return min(1.0, 2 * tail / 2**m)
 
 
+def wilson_interval(hits: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson's score interval for a proportion (Wilson 1927, "Probable inference, the law of succession, and
+    statistical inference", JASA 22:209): with p = hits/n,
+
+        (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)
+
+    which stays inside [0, 1] and keeps its coverage near 0 and 1, where the Wald interval does not."""
+    if n <= 0 or not 0 <= hits <= n:
+        raise ValueError(f"wilson_interval needs 0 <= hits <= n and n > 0, got hits={hits}, n={n}")
+    p = hits / n
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    scale = 1 + z * z / n
+    return max(0.0, (centre - spread) / scale), min(1.0, (centre + spread) / scale)
+
+
 def holm_adjust(p_values: dict[str, float]) -> dict[str, float]:
     """Holm's step-down adjusted p-values (Holm 1979, "A simple sequentially rejective multiple test
     procedure", Scand. J. Statist. 6:65). With the m p-values sorted, p_(1) <= ... <= p_(m):

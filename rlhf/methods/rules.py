@@ -41,6 +41,8 @@ GRPO_LOSS_NORMALIZATIONS = ("sequence", "token")  # grpo.loss_normalization: rlh
 ONLINE_DPO_JUDGES = ("reward", "simulated", "openai")  # online_dpo.judge
 ONLINE_DPO_REFERENCES = ("sft", "iteration")  # online_dpo.reference
 EVAL_JUDGES = ("gold", "reward", "independent", "openai")  # eval.judges
+# eval.benchmarks, and the file each reads (../shared/data/README.md)
+EVAL_BENCHMARKS = {"ifeval": "IFEval's input_data.jsonl", "xstest": "XSTest's xstest_prompts.csv"}
 
 
 # ----------------------------------------------------------------------------- data and SFT
@@ -56,6 +58,11 @@ def check_data_config(cfg: Config) -> None:
     if cfg.data.chat_template and cfg.tokenizer.train_from_data:
         raise UserError("data.chat_template needs a pretrained tokenizer; set tokenizer.train_from_data=false")
     check_model_sources(cfg)
+    spec = cfg.data.instructions
+    if spec.n_train < 0 or spec.n_val < 0:
+        raise UserError(f"data.instructions.n_train and n_val must be >= 0, got {spec.n_train} and {spec.n_val}")
+    if spec.n_train and not 0 < spec.val_fraction < 1:
+        raise UserError(f"data.instructions.val_fraction must be in (0, 1), got {spec.val_fraction}")
 
 
 # ----------------------------------------------------------------------------- reward models and collected pairs
@@ -271,6 +278,32 @@ def requested_judges(cfg: Config) -> list[str]:
     return requested
 
 
+def requested_benchmarks(cfg: Config) -> list[str]:
+    """eval.benchmarks as a list, every name known and its file present (rlhf/benchmarks/)."""
+    from rlhf.benchmarks import locate
+
+    requested = [name.strip() for name in cfg.eval.benchmarks.split(",") if name.strip()]
+    if unknown := set(requested) - set(EVAL_BENCHMARKS):
+        raise UserError(
+            f"eval.benchmarks has unknown benchmark(s) {', '.join(sorted(unknown))}; "
+            f"choose from {', '.join(EVAL_BENCHMARKS)}"
+        )
+    for name in requested:
+        path = getattr(cfg.eval, f"{name}_path")
+        if not locate(path).is_file():
+            raise UserError(f"eval.{name}_path={path} is not a file; point it at {EVAL_BENCHMARKS[name]}")
+    if cfg.eval.benchmark_max_new_tokens < 1:
+        raise UserError(f"eval.benchmark_max_new_tokens={cfg.eval.benchmark_max_new_tokens} must be >= 1")
+    if cfg.eval.benchmark_prompts is not None and cfg.eval.benchmark_prompts < 1:
+        raise UserError(f"eval.benchmark_prompts={cfg.eval.benchmark_prompts} must be >= 1, or null for all")
+    return requested
+
+
+def check_eval_config(cfg: Config) -> None:
+    requested_judges(cfg)
+    requested_benchmarks(cfg)
+
+
 # ----------------------------------------------------------------------------- every stage
 
 STAGE_RULES: dict[str, Callable[[Config], object]] = {
@@ -284,7 +317,7 @@ STAGE_RULES: dict[str, Callable[[Config], object]] = {
     "dpo": check_dpo_config,
     "online_dpo": check_online_dpo_stage,
     "judge_rm": check_judge_rm_config,
-    "eval": requested_judges,
+    "eval": check_eval_config,
 }
 
 

@@ -35,7 +35,7 @@ from rlhf.models.sharding import prepare_trained_model
 from rlhf.models.training import build_scheduler, make_accelerator, set_cpu_threads
 from rlhf.online.checkpoints import load_rl_checkpoint, open_rl_logger, save_rl_checkpoint
 from rlhf.online.held_out import HeldOut, append_samples, eval_due, eval_metrics
-from rlhf.online.prompts import load_rl_prompts
+from rlhf.online.prompts import load_rl_prompts, row_columns
 from rlhf.online.publish import publish_rl
 from rlhf.online.sampling import sample_train_batch
 from rlhf.online.stats import gold_metrics, loop_costs, response_metrics
@@ -78,6 +78,10 @@ class OnlineStage:
         self.device = self.accelerator.device
         self.tokenizer = load_tokenizer(run.model_dir("sft"))
         self.prompts = load_rl_prompts(stage, run, cfg, self.tokenizer, self.rcfg.eval_prompts)
+        self.reward_source.check_columns(
+            set(self.prompts.train_fields[0]) if self.prompts.train_fields else set(),
+            "set data.instructions.n_train > 0 for the verifiable instruction prompts (and re-run the data stage)",
+        )
         context = context_size(run.model_dir("sft"))
         check_context(stage, self.prompts.longest, self.rcfg.max_new_tokens, context)
         self.validation = eval_sampling(cfg)  # held-out checks decode as the test does
@@ -189,7 +193,8 @@ class OnlineStage:
                 if self.reward_source.uses_model
                 else None
             )  # (N,)
-        raw_scores, terms = self.reward_source.score(prompts, responses, model_scores)  # (N,), {term: (N,)}
+        columns = row_columns([self.prompts.train_fields[i] for i in rows])  # the prompts' other fields, for functions
+        raw_scores, terms = self.reward_source.score(prompts, responses, model_scores, columns)  # (N,), {term: (N,)}
         scores = apply_missing_eos_penalty(raw_scores.to(self.device), rollout.finished, self.rcfg.missing_eos_penalty)
         return Scored(prompts, responses, scores, terms)
 

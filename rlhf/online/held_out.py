@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from rlhf import task
+from rlhf.benchmarks.ifeval import instruction_reward
 from rlhf.core.winrates import head_to_head
 from rlhf.online.prompts import RLPrompts
 from rlhf.online.stats import gold_scores
@@ -46,14 +47,21 @@ def eval_rows(prompts: list[str], policy: dict, sft: dict) -> list[dict]:
         }
         if "gold" in policy:
             row.update(gold_score=policy["gold"][i], sft_gold_score=sft["gold"][i])
+        if "instruction_reward" in policy:
+            row.update(
+                instruction_reward=policy["instruction_reward"][i], sft_instruction_reward=sft["instruction_reward"][i]
+            )
         rows.append(row)
     return rows
 
 
-def summarize_samples(prompts: list[str], samples: dict, gold: bool) -> dict:
+def summarize_samples(prompts: list[str], samples: dict, gold: bool, fields: list[dict] | None = None) -> dict:
     """Means over one policy's held-out samples (`sample_for_eval`): reward_mean, kl_to_ref,
     length_mean, eos_rate; with gold=True (embedded task) also gold_score_mean and gold_good_rate,
-    and the per-prompt gold scores are stored in samples["gold"]."""
+    and the per-prompt gold scores are stored in samples["gold"]. With verifiable instruction prompts (`fields`
+    holding their instruction ids, data.instructions) also instruction_reward_mean (the share of instructions the
+    strict checker passes) and instruction_prompt_pass_rate (prompts whose every instruction passes), per prompt
+    in samples["instruction_reward"]."""
 
     def mean(values):
         return sum(values) / len(values) if values else math.nan
@@ -70,19 +78,25 @@ def summarize_samples(prompts: list[str], samples: dict, gold: bool) -> dict:
             gold_score_mean=mean(samples["gold"]),
             gold_good_rate=mean([float(task.is_good_score(s)) for s in samples["gold"]]),
         )
+    if fields and "instruction_id_list" in fields[0]:
+        samples["instruction_reward"] = instruction_reward(fields, prompts, [r.strip() for r in samples["responses"]])
+        summary.update(
+            instruction_reward_mean=mean(samples["instruction_reward"]),
+            instruction_prompt_pass_rate=mean([float(r == 1.0) for r in samples["instruction_reward"]]),
+        )
     return summary
 
 
-def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) -> dict:
+def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool, fields: list[dict] | None = None) -> dict:
     """Summary of the final policy against the SFT policy on the same held-out prompts.
 
     policy, sft: per-prompt lists {"responses", "rewards", "lengths", "finished", "kl"}, sampled
     with the same settings and seed. With gold=True (embedded task) the gold judge scores both and
     decides the head-to-head (`head_to_head`: gold_win_rate_ci95 is its 95% paired score interval,
     gold_sign_test_p the exact sign test of wins vs losses); the reward model's head-to-head is
-    reported too.
+    reported too. With verifiable instruction prompts (`fields`), the checkers' scores of both too.
     """
-    ours, theirs = summarize_samples(prompts, policy, gold), summarize_samples(prompts, sft, gold)
+    ours, theirs = summarize_samples(prompts, policy, gold, fields), summarize_samples(prompts, sft, gold, fields)
     results = {
         "eval_prompts": len(prompts),
         "reward_mean": ours["reward_mean"],
@@ -113,6 +127,10 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool) ->
             }
         )
         results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
+    if "instruction_reward_mean" in ours:
+        for key in ("instruction_reward_mean", "instruction_prompt_pass_rate"):
+            results[key], results[f"sft_{key}"] = ours[key], theirs[key]
+        results["instruction_reward_delta"] = ours["instruction_reward_mean"] - theirs["instruction_reward_mean"]
     return results
 
 
@@ -159,8 +177,9 @@ class HeldOut:
         """The policy now: `summarize_samples` as `<stage>/eval/*` metrics; {} without held-out prompts."""
         if not self.prompts.eval_ids:
             return {}
+        samples = self._sample(policy, sft_policy)
         return eval_metrics(
-            stage, summarize_samples(self.prompts.eval_texts, self._sample(policy, sft_policy), self.gold)
+            stage, summarize_samples(self.prompts.eval_texts, samples, self.gold, self.prompts.eval_fields)
         )
 
     def against_sft(self, policy, sft_policy) -> tuple[dict, list[dict]]:
@@ -170,7 +189,9 @@ class HeldOut:
             return {"eval_prompts": 0}, []
         policy_eval = self._sample(policy, sft_policy)
         sft_eval = self._sample(sft_policy)
-        results = compare_with_sft(self.prompts.eval_texts, policy_eval, sft_eval, gold=self.gold)
+        results = compare_with_sft(
+            self.prompts.eval_texts, policy_eval, sft_eval, gold=self.gold, fields=self.prompts.eval_fields
+        )
         return results, eval_rows(self.prompts.eval_texts, policy_eval, sft_eval)
 
 
@@ -196,5 +217,11 @@ def final_line(stage: str, results: dict) -> str:
         line += (
             f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "
             f"gold win rate vs SFT {results['gold_win_rate_vs_sft']:.3f}"
+        )
+    if "instruction_reward_mean" in results:
+        line += (
+            f"; instructions followed {results['instruction_reward_mean']:.3f} "
+            f"(SFT {results['sft_instruction_reward_mean']:.3f}), all followed "
+            f"{results['instruction_prompt_pass_rate']:.3f} (SFT {results['sft_instruction_prompt_pass_rate']:.3f})"
         )
     return line

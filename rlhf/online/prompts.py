@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,10 @@ class RLPrompts:
     eval_texts: list[str]  # the first `eval_prompts` distinct prompts of data/val.jsonl
     train_ids: list[list[int]]  # token ids of each, cut to their last data.max_prompt_tokens
     eval_ids: list[list[int]]
+    # each prompt's other columns, given to reward functions beside it (TRL's dataset columns): the verifiable
+    # instructions' instruction_id_list and kwargs (data.instructions); empty dicts for the pairs' prompts
+    train_fields: list[dict] = field(default_factory=list)
+    eval_fields: list[dict] = field(default_factory=list)
 
     @property
     def longest(self) -> int:
@@ -42,19 +46,35 @@ class RLPrompts:
 
 
 def load_rl_prompts(stage: str, run: RunDir, cfg: Config, tokenizer, n_eval: int) -> RLPrompts:
-    """The data stage's training prompts and first `n_eval` validation prompts, tokenized and cut
+    """The data stage's training prompts and first `n_eval` validation prompts (the verifiable instruction prompts
+    when data.instructions.n_train > 0, else the pairs' distinct prompts), tokenized and cut
     from the left to data.max_prompt_tokens (the end of a prompt is where the response starts).
     On the embedded task every one must parse for the gold judge."""
     if n_eval < 0:
         raise UserError(f"{stage}.eval_prompts={n_eval} must be >= 0 (0: no held-out evaluation)")
-    train_texts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
-    eval_texts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[:n_eval]
+    if cfg.data.instructions.n_train:  # RL from verifiable rewards: the data stage's instruction prompts
+        train_rows = read_jsonl(run.stage("data") / "instructions_train.jsonl")
+        eval_rows = read_jsonl(run.stage("data") / "instructions_val.jsonl")[:n_eval]
+        train_texts, eval_texts = [r["prompt"] for r in train_rows], [r["prompt"] for r in eval_rows]
+        train_fields, eval_fields = (
+            [instruction_fields(r) for r in train_rows],
+            [instruction_fields(r) for r in eval_rows],
+        )
+    else:
+        train_texts = unique_prompts(read_jsonl(run.stage("data") / "train.jsonl"))
+        eval_texts = unique_prompts(read_jsonl(run.stage("data") / "val.jsonl"))[:n_eval]
+        train_fields, eval_fields = [{} for _ in train_texts], [{} for _ in eval_texts]
     train_ids = [ids[-cfg.data.max_prompt_tokens :] for ids in encode_texts(tokenizer, train_texts)]
     eval_ids = [ids[-cfg.data.max_prompt_tokens :] for ids in encode_texts(tokenizer, eval_texts)]
     if cfg.data.path == "embedded":
         check_gold_prompts(stage, train_texts, "data/train.jsonl")
         check_gold_prompts(stage, eval_texts, "data/val.jsonl")
-    return RLPrompts(train_texts, eval_texts, train_ids, eval_ids)
+    return RLPrompts(train_texts, eval_texts, train_ids, eval_ids, train_fields, eval_fields)
+
+
+def instruction_fields(row: dict) -> dict:
+    """The columns of an instruction prompt's row that its reward function reads."""
+    return {"instruction_id_list": row["instruction_id_list"], "kwargs": row["kwargs"]}
 
 
 def iteration_prompts(n_prompts: int, per_iteration: int, iteration: int, seed: int) -> list[int]:
@@ -74,3 +94,8 @@ def local_prompt_rows(
     rows = iteration_prompts(n_prompts, per_iteration, iteration, seed)
     local = per_iteration // world_size
     return [i for i in rows[rank * local : (rank + 1) * local] for _ in range(group_size)]
+
+
+def row_columns(fields: list[dict]) -> dict[str, list]:
+    """Rows' fields as columns: [{"a": 1}, {"a": 2}] -> {"a": [1, 2]} (the keys of the first row; none for none)."""
+    return {key: [row[key] for row in fields] for key in (fields[0] if fields else {})}

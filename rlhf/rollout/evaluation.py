@@ -30,11 +30,12 @@ def sample_for_eval(
     sampler_logprobs: bool = False,
 ) -> dict[str, list]:
     """Sample one response per prompt from `policy` through `engine` (`rlhf.rollout.engines`) and score it with the
-    reward model; with `reference`, also the sequence KL of each response to it. The prompts are sharded over processes
-    and gathered; prompt i samples from its own seed (`sampling_seeds(seed, stream, ...)`), so two policies see
-    the same random numbers and the results do not depend on the number of processes. `sampler_logprobs`: the
-    policy's log-probs for the KL from the sampler's own logits where they are the policy's (below), not a forward
-    pass; then a policy identical to the reference gets a KL within ~1e-4 of 0 rather than exactly 0.
+    reward model (None: rewards of 0); with `reference`, also the sequence KL of each response to it. The prompts are
+    sharded over processes and gathered; prompt i samples from its own seed (`sampling_seeds(seed, stream, ...)`),
+    so two policies see the same random numbers and the results do not depend on the number of processes.
+    `sampler_logprobs`: the policy's log-probs for the KL from the sampler's own logits where they are the policy's
+    (below), not a forward pass; then a policy identical to the reference gets a KL within ~1e-4 of 0 rather than
+    exactly 0.
     -> per-prompt lists: responses, response_ids (EOS included), rewards, lengths, finished, kl."""
     policy.eval()
     engine.load(policy)
@@ -54,7 +55,11 @@ def sample_for_eval(
         # Under the stage's autocast, as its training-time passes: a prepared policy autocasts by itself, but the
         # SFT policy, the reference and the reward model would otherwise run in float32 under bf16.
         with accelerator.autocast():
-            rewards = score_rollout(reward_model, rollout, batch_size)  # (b,)
+            rewards = (  # (b,); no reward model (a benchmark scores by its own rules): zeros
+                score_rollout(reward_model, rollout, batch_size)
+                if reward_model is not None
+                else torch.zeros(len(batch))
+            )
             kl = torch.zeros_like(rewards)
             if reference is not None:
                 policy_logprobs = (

@@ -5,6 +5,7 @@ scorer.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -18,10 +19,39 @@ from rlhf.models.modeling import reward_scores
 from rlhf.rollout.reward_spec import MODEL, RewardFunction, format_reward_spec, load_reward_spec
 
 
-def call_reward_function(source: str, function: RewardFunction, prompts: list[str], responses: list[str]) -> Tensor:
-    """function(prompts, responses) as a (B,) float32 tensor, checked: one finite float per response,
-    or a one-line UserError naming the function."""
-    values = function(prompts, responses)
+def columns_for(function: RewardFunction, columns: dict[str, list]) -> dict[str, list]:
+    """The prompt rows' columns `function` takes as keyword arguments, as TRL gives a reward function the dataset's
+    columns: all of them when it has **kwargs, else those it names, else none (a plain fn(prompts, responses))."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable without a signature: the plain call
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return columns
+    named = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {name: values for name, values in columns.items() if name in named}
+
+
+def required_columns(function: RewardFunction) -> list[str]:
+    """The keyword parameters `function` needs beyond (prompts, responses): columns every prompt row must carry."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return []
+    named = [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return [p.name for p in named[2:] if p.default is inspect.Parameter.empty]
+
+
+def call_reward_function(
+    source: str,
+    function: RewardFunction,
+    prompts: list[str],
+    responses: list[str],
+    columns: dict[str, list] | None = None,
+) -> Tensor:
+    """function(prompts, responses, **columns it takes) as a (B,) float32 tensor, checked: one finite float per
+    response, or a one-line UserError naming the function. `columns`: each prompt row's other fields, by name."""
+    values = function(prompts, responses, **columns_for(function, columns or {}))
     try:
         scores = [float(value) for value in values]
     except (TypeError, ValueError):
@@ -71,6 +101,15 @@ class RewardSource:
         self.key = key
         self.terms, self.functions = load_reward_spec(spec, key)
 
+    def check_columns(self, available: set[str], hint: str) -> None:
+        """Every function's required columns are among the prompt rows' `available` ones, or a one-line error."""
+        for source, function in self.functions.items():
+            if missing := [name for name in required_columns(function) if name not in available]:
+                raise UserError(
+                    f"{self.key}: reward function '{source}' needs the prompt column(s) {', '.join(missing)}, which "
+                    f"these prompts do not have; {hint}"
+                )
+
     @property
     def uses_model(self) -> bool:
         """Whether the reward model must score the training rollouts."""
@@ -81,12 +120,17 @@ class RewardSource:
         return format_reward_spec(self.terms)
 
     def score(
-        self, prompts: list[str], responses: list[str], model_scores: Tensor | None
+        self,
+        prompts: list[str],
+        responses: list[str],
+        model_scores: Tensor | None,
+        columns: dict[str, list] | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """-> (the weighted sum (B,), each term's unweighted scores (B,) by term name).
 
         model_scores: (B,) reward-model scores of the batch (None when no term uses the model);
-        the functions' scores come back on its device, or the CPU.
+        the functions' scores come back on its device, or the CPU. columns: the prompt rows' other fields by
+        name, one value per response (`columns_for` says which a function is given).
         """
         device = model_scores.device if model_scores is not None else torch.device("cpu")
         parts = {}
@@ -98,7 +142,7 @@ class RewardSource:
                 parts[term.name] = model_scores.float()
             else:
                 parts[term.name] = call_reward_function(
-                    term.source, self.functions[term.source], prompts, responses
+                    term.source, self.functions[term.source], prompts, responses, columns
                 ).to(device)
         return combine_rewards([term.weight for term in self.terms], list(parts.values())), parts
 

@@ -51,6 +51,18 @@ class EmbeddedTaskConfig:
 
 
 @dataclass
+class InstructionsConfig:
+    """Verifiable instruction prompts for RL from verifiable rewards (rlhf/benchmarks/instruction_prompts.py): a
+    written base request with 1-3 of IFEval's instructions, built by its checkers' own generators. When n_train > 0
+    the data stage writes data/instructions_{train,val}.jsonl and the RL stages train and validate on them."""
+
+    n_train: int = 0  # training prompts; 0: none (the RL stages take the pairs' prompts, data/train.jsonl)
+    n_val: int = 64  # validation prompts, over subjects no training prompt has
+    val_fraction: float = 0.25  # share of the base requests' subjects held out for validation
+    seed: int = 0
+
+
+@dataclass
 class DataConfig:
     path: str = "Anthropic/hh-rlhf"  # preference pairs: Hub id, local file/folder in data.format, or "embedded"
     # row format of data.path and data.sft_path (rlhf/data.py): "hh" (HH-RLHF dialogues) or "tldr" (OpenAI's
@@ -82,6 +94,7 @@ class DataConfig:
     # likely in another format. 0: any invalid row stops it; 1: never stop
     max_invalid_fraction: float = 0.05
     embedded: EmbeddedTaskConfig = field(default_factory=EmbeddedTaskConfig)
+    instructions: InstructionsConfig = field(default_factory=InstructionsConfig)
 
 
 @dataclass
@@ -438,6 +451,13 @@ class EvalConfig:
     suites: bool = True  # answer the failure and capability suites
     suite_names: str = ""  # comma-separated suites to answer (empty: every suite of the task or suites.json)
     suite_prompts: int | None = None  # the first N prompts of each suite (None: all of them); for quick checks
+    # public benchmarks every model answers, greedily, scored by their own rules (rlhf/benchmarks/): comma-separated
+    # of ifeval (Zhou et al. 2023), xstest (Röttger et al. 2024); empty: none. Test sets: never choose settings on them
+    benchmarks: str = ""
+    ifeval_path: str = "../shared/data/ifeval/input_data.jsonl"  # relative: to the working folder or the checkout
+    xstest_path: str = "../shared/data/xstest/xstest_prompts.csv"
+    benchmark_max_new_tokens: int = 512  # response budget of the benchmarks' greedy decoding
+    benchmark_prompts: int | None = None  # the first N prompts of each benchmark (None: all of them); quick checks
     # what win rates are measured against: "sft" (every model vs SFT, every pair of models, and every model vs the
     # test pairs' chosen response) or "reference" (every model, SFT included, vs the data's reference responses:
     # data.sft_path's test demonstrations, else the chosen ones; Huang et al. 2024 judge against reference summaries)
