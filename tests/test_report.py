@@ -1134,3 +1134,27 @@ def test_the_training_curves_figure_has_a_row_for_every_trained_stage():
 
     assert set(TRAINED_STAGES) <= set(plots.REPORT_CURVE_KEYS)
     assert all(key.startswith(f"{stage}/") for stage, keys in plots.REPORT_CURVE_KEYS.items() for key in keys)
+
+
+def test_benchmarks_show_every_model_with_intervals_and_the_change_against_sft():
+    def acc(a, low, high, n=541):
+        return {"accuracy": a, "ci95_low": low, "ci95_high": high, "n": n}
+
+    change = {"change": 0.05, "ci95_low": 0.02, "ci95_high": 0.08, "p": 0.001, "p_holm": 0.002}
+    ifeval = {
+        m: {
+            "n_prompts": 541,
+            "prompt_strict": acc(a, a - 0.04, a + 0.04),
+            "instruction_strict": acc(a + 0.1, a + 0.07, a + 0.13),
+            "length_mean": 300.4,
+            "eos_rate": 0.5,
+        }
+        for m, a in (("sft", 0.25), ("grpo", 0.30))
+    }
+    ifeval["grpo"]["change_vs_sft"] = {"prompt_strict": change, "instruction_strict": {**change, "p_holm": None}}
+    summary = {"eval": {"benchmarks": {"ifeval": ifeval}, "benchmark_decoding": {"max_new_tokens": 512}}}
+    text = R.section_benchmarks(R.RunData(summary=summary))
+    assert "up to 512 new tokens" in text
+    assert "| SFT | 541 | 0.250 [0.210, 0.290] | 0.350 [0.320, 0.380] | n/a n/a |" in text
+    assert "| GRPO | +0.050 [0.020, 0.080] (p 0.001, Holm 0.002) | +0.050 [0.020, 0.080] (p 0.001) |" in text
+    assert "No benchmark in this run" in R.section_benchmarks(R.RunData(summary={}))

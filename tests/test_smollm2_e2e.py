@@ -60,6 +60,9 @@ OVERRIDES = [
     "eval.best_of_n_prompts=1",
     "eval.batch_size=8",
     "eval.suite_prompts=2",
+    "eval.benchmarks=ifeval,xstest",  # IFEval's and XSTest's first two prompts, 6 tokens each, for every model
+    "eval.benchmark_prompts=2",
+    "eval.benchmark_max_new_tokens=6",
 ]
 
 
@@ -101,7 +104,23 @@ def test_every_stage_completes_and_the_report_names_its_judges(run_dir):
     report = (run_dir / "report.md").read_text()
     headline = report.split("## Headline", 1)[1].split("\n## ", 1)[0]
     assert "**Judges:** `independent`" in headline and "(independent judge)" in headline
-    assert "Refusals, read by a fixed keyword judge" in report
+    assert "Refusals, read by a fixed phrase judge" in report
+
+
+def test_every_model_answers_the_public_benchmarks_scored_against_sft(run_dir):
+    benchmarks = read_summary(run_dir)["eval"]["benchmarks"]
+    models = {"sft", "ppo", "grpo", "raft", "dpo", "online_dpo", "base"}
+    for bench, metric in (("ifeval", "prompt_strict"), ("xstest", "safe_compliance")):
+        assert set(benchmarks[bench]) == models
+        for model, entry in benchmarks[bench].items():
+            assert entry["length_mean"] <= 6
+            if model != "sft":
+                change = entry["change_vs_sft"][metric]
+                assert change["n"] == 2 and 0 <= change["p_holm"] <= 1
+    records = [json.loads(line) for line in (run_dir / "eval" / "benchmarks" / "ifeval.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * len(models) and all(len(r["strict"]) == len(r["instruction_id_list"]) for r in records)
+    report = (run_dir / "report.md").read_text()
+    assert "## Public benchmarks" in report and "### IFEval" in report and "### XSTest" in report
 
 
 def test_the_dequantized_model_is_a_plain_checkpoint_that_computes_what_the_gguf_does(run_dir):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from rlhf.report.contract import STAGE_LABELS, TRAINED_STAGES, RunData
 from rlhf.report.eval_sections import (
+    section_benchmarks,
     section_best_of_n,
     section_eval_models,
     section_external,
@@ -107,6 +108,7 @@ SECTIONS = (
     section_figures,
     section_samples,
     section_suites,
+    section_benchmarks,
     section_timing,
     section_external,
 )

@@ -1,5 +1,6 @@
 """The report's sections on the evaluation: per-model metrics, gold breakdown, win rates, judge
-agreement, best-of-N, figures, samples, failure suites, timing and the external reference points."""
+agreement, best-of-N, figures, samples, failure suites, public benchmarks, timing and the external reference
+points."""
 
 from __future__ import annotations
 
@@ -425,11 +426,11 @@ def refusal_lines(suites: dict[str, dict], names: list[str]) -> list[str]:
             )
     return [
         "",
-        "Refusals, read by a fixed keyword judge (`rlhf/judges/refusal.py`: the opening of a response declines, "
-        "apologises, or calls the request illegal), the same for every model. On `harmful` requests a higher rate "
-        "is safer; on `benign` ones it is over-refusal. The change against SFT is paired over the same prompts "
-        "(Agresti–Min interval; exact McNemar p, Holm-adjusted over the models). A deflection without those words "
-        "counts as compliance.",
+        "Refusals, read by a fixed phrase judge (`rlhf/judges/refusal.py`: a full or partial refusal in XSTest's "
+        'classes; sympathy such as "I\'m sorry to hear" and advice followed by help are not refusals), the same '
+        "for every model. On `harmful` requests a higher rate is safer; on `benign` ones it is over-refusal. The "
+        "change against SFT is paired over the same prompts (Agresti–Min interval; exact McNemar p, Holm-adjusted "
+        "over the models). A deflection without a refusal phrase counts as compliance.",
         "",
         markdown_table(["suite", "model", "refusal rate", "change vs SFT [95% CI]", "McNemar p"], rows, "llrrr"),
     ]
@@ -487,6 +488,78 @@ def section_suites(data: RunData, limit: int = 160) -> str:
             "",
             markdown_table(["model", "response", "RM reward"], table_rows, "llr"),
         ]
+    return "\n".join(lines)
+
+
+BENCHMARK_COLUMNS = {
+    "ifeval": (("prompt_strict", "prompt-level strict"), ("instruction_strict", "instruction-level strict"),
+               ("prompt_loose", "prompt-level loose"), ("instruction_loose", "instruction-level loose")),
+    "xstest": (("safe_compliance", "safe prompts complied with"), ("unsafe_refusal", "unsafe prompts refused")),
+}  # fmt: skip
+BENCHMARK_TITLES = {
+    "ifeval": "IFEval (Zhou et al. 2023): instructions followed, by IFEval's own checkers",
+    "xstest": "XSTest (Röttger et al. 2024): safe prompts answered, unsafe ones refused (phrase judge)",
+}
+
+
+def _benchmark_cell(entry: dict, key: str, value: str) -> str:
+    metric = entry.get(key) or {}
+    return f"{fmt(metric.get(value))} {fmt_ci(metric.get('ci95_low'), metric.get('ci95_high'))}"
+
+
+def _benchmark_prompts(entry: dict, columns) -> int:
+    """IFEval's prompts, or XSTest's safe and unsafe ones together."""
+    return entry.get("n_prompts") or sum((entry.get(key) or {}).get("n", 0) for key, _ in columns)
+
+
+def section_benchmarks(data: RunData) -> str:
+    """Every model on the public benchmarks (eval.benchmarks), with 95% intervals, and its change against SFT on the
+    same prompts (paired interval, p and Holm over the models)."""
+    benchmarks = get_path(data.summary, "eval.benchmarks", {}) or {}
+    lines = ["## Public benchmarks", ""]
+    if not benchmarks:
+        return "\n".join(lines + [note("No benchmark in this run (set `eval.benchmarks=ifeval,xstest`).")])
+    decoding = get_path(data.summary, "eval.benchmark_decoding", {}) or {}
+    lines.append(
+        "Benchmarks their authors wrote, answered by every model greedily (up to "
+        f"{fmt(decoding.get('max_new_tokens'))} new tokens, each prompt one user turn) and scored by their own "
+        "rules ([docs/benchmarks.md](docs/benchmarks.md)). They are test sets: no setting was chosen on them."
+    )
+    for bench, per_model in benchmarks.items():
+        columns = BENCHMARK_COLUMNS.get(bench, ())
+        value = "accuracy" if bench == "ifeval" else "rate"
+        names = order_models(m for m, e in per_model.items() if isinstance(e, dict))
+        rows = [
+            [model_label(m), fmt(_benchmark_prompts(per_model[m], columns))]
+            + [_benchmark_cell(per_model[m], key, value) for key, _ in columns]
+            + [fmt(per_model[m].get("length_mean"), 0), fmt(per_model[m].get("eos_rate"))]
+            for m in names
+        ]
+        heads = ["model", "prompts"] + [f"{label} [95% CI]" for _, label in columns] + ["tokens", "EOS rate"]
+        lines += ["", f"### {BENCHMARK_TITLES.get(bench, bench)}", "", markdown_table(heads, rows)]
+        change_rows = []
+        for m in names:
+            change = per_model[m].get("change_vs_sft") or {}
+            if not change:
+                continue
+            cells = []
+            for key, _ in columns:
+                c = change.get(key) or {}
+                holm = f", Holm {fmt_p(c['p_holm'])}" if is_number(c.get("p_holm")) else ""
+                cells.append(
+                    f"{c['change']:+.3f} {fmt_ci(c.get('ci95_low'), c.get('ci95_high'))} (p {fmt_p(c.get('p'))}{holm})"
+                    if is_number(c.get("change"))
+                    else NA
+                )
+            change_rows.append([model_label(m)] + cells)
+        if change_rows:
+            lines += [
+                "",
+                "Change against SFT on the same prompts [95% CI] (prompt level and rates: Agresti–Min interval, exact "
+                "McNemar p; instruction level: clustered by prompt, normal p; Holm over the models):",
+                "",
+                markdown_table(["model"] + [label for _, label in columns], change_rows),
+            ]
     return "\n".join(lines)
 
 
