@@ -31,7 +31,15 @@ import torch
 from tqdm import tqdm
 
 from rlhf import task
-from rlhf.analysis.evaluation import best_of_n_choice, best_of_n_kl, distinct_n, mean_std, win_rate_pairings
+from rlhf.analysis.evaluation import (
+    best_of_n_choice,
+    best_of_n_kl,
+    degeneration_reasons,
+    distinct_n,
+    mean_std,
+    repetition_within,
+    win_rate_pairings,
+)
 from rlhf.chat import render_prompt
 from rlhf.core.batching import encode_texts
 from rlhf.core.errors import UserError
@@ -107,6 +115,7 @@ class Answers:
             "length_mean": mean_std(self.lengths)[0],
             "eos_rate": sum(self.finished) / len(self.finished),
             "distinct_2": distinct_n(token_ids, 2),
+            "repetition_4": repetition_within(token_ids, 4),
         }
         if is_embedded:
             result.update(task.gold_summary(self.prompts, self.texts))
@@ -325,6 +334,13 @@ def main(argv: list[str] | None = None) -> None:
         metrics[best] = answers[best].metrics(
             [bon_ids[i] for i in picks], is_embedded, kl_override=best_of_n_kl(n_best)
         )
+
+    # 4b. Degeneration: a model whose answers loop or repeat themselves across prompts is flagged, with why.
+    for name in metrics:
+        if name != "sft":
+            metrics[name]["degenerate"] = degeneration_reasons(metrics[name], metrics["sft"])
+            if metrics[name]["degenerate"] and accelerator.is_main_process:
+                say_line(accelerator, f"[eval] {name} looks degenerate: {'; '.join(metrics[name]['degenerate'])}")
 
     # 5. Failure and capability suites: every model answers each one.
     suites: dict[str, dict] = {}

@@ -49,3 +49,21 @@ def test_sequence_kl_ignores_masked_tokens():
 def test_mean_std():
     assert mean_std([1.0, 3.0]) == (2.0, 1.0)
     assert all(math.isnan(x) for x in mean_std([]))
+
+
+def test_repetition_within_an_answer_and_the_degeneration_flags():
+    from rlhf.analysis.evaluation import degeneration_reasons, repetition_within
+
+    # [1,2,3,4,1,2,3,4]: 4-grams 1234 2341 3412 4123 1234 -> 4 distinct of 5 -> 0.2; a short answer counts 0
+    assert repetition_within([[1, 2, 3, 4, 1, 2, 3, 4], [5, 6]], 4) == pytest.approx(0.1)
+    assert repetition_within([[7] * 10], 4) == pytest.approx(1 - 1 / 7)
+    assert repetition_within([], 4) == 0.0
+    sft = {"repetition_4": 0.05, "distinct_2": 0.65}
+    assert degeneration_reasons({"repetition_4": 0.06, "distinct_2": 0.60}, sft) == []
+    reasons = degeneration_reasons({"repetition_4": 0.40, "distinct_2": 0.45}, sft)
+    assert reasons == ["within-answer repetition 0.40 against SFT's 0.05", "distinct-2 0.45 against SFT's 0.65"]
+    # repetition must be both over 0.2 and twice SFT's
+    assert degeneration_reasons({"repetition_4": 0.15, "distinct_2": 0.65}, sft) == []
+    assert (
+        degeneration_reasons({"repetition_4": 0.3, "distinct_2": 0.65}, {"repetition_4": 0.2, "distinct_2": 0.65}) == []
+    )

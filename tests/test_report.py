@@ -605,7 +605,7 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     )
     assert "| PPO vs DPO | 0.600 | [0.489, 0.701] | 0.047 | 0.577 | 46 / 28 / 4 | 78 | 2 |" in text
     assert "| PPO vs SFT | 0.812 | [0.710, 0.880] |" in text  # the reward judge's table
-    assert "| PPO | 80 | 1.234 ± 0.700 | 4.567 ± 1.200 | 18.2 | 0.900 | 0.440 | 0.512 | 0.450 |" in text
+    assert "| PPO | 80 | 1.234 ± 0.700 | 4.567 ± 1.200 | 18.2 | 0.900 | 0.440 | n/a | 0.512 | 0.450 |" in text
     assert (
         "| best-of-16 | 1.500 | 1.835 | 0.600 | 0.520 | 13.0 | n/a |" in text
     )  # headline: no best_of_16_vs_sft pairing
@@ -1158,3 +1158,15 @@ def test_benchmarks_show_every_model_with_intervals_and_the_change_against_sft()
     assert "| SFT | 541 | 0.250 [0.210, 0.290] | 0.350 [0.320, 0.380] | n/a n/a |" in text
     assert "| GRPO | +0.050 [0.020, 0.080] (p 0.001, Holm 0.002) | +0.050 [0.020, 0.080] (p 0.001) |" in text
     assert "No benchmark in this run" in R.section_benchmarks(R.RunData(summary={}))
+
+
+def test_a_degenerate_model_is_flagged_beside_its_metrics_and_win_rates():
+    models = {
+        "sft": {"n": 4, "distinct_2": 0.65, "repetition_4": 0.05},
+        "dpo": {"n": 4, "distinct_2": 0.45, "repetition_4": 0.4, "degenerate": ["distinct-2 0.45 against SFT's 0.65"]},
+        "ppo": {"n": 4, "distinct_2": 0.6, "repetition_4": 0.05, "degenerate": []},
+    }
+    summary = {"eval": {"models": models, "win_rates": {}}}
+    text = R.render_report(R.RunData(summary=summary))
+    assert text.count("**Degenerate: DPO** (distinct-2 0.45 against SFT's 0.65)") == 2
+    assert "Degenerate: PPO" not in text

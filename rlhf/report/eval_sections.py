@@ -66,6 +66,7 @@ def section_eval_models(data: RunData) -> str:
         "length (tokens)",
         "EOS rate",
         "distinct-2",
+        "repetition-4",
     ] + (["gold score", "gold good-rate"] if has_gold else [])
     rows = []
     for name in names:
@@ -78,6 +79,7 @@ def section_eval_models(data: RunData) -> str:
             fmt(m.get("length_mean"), 1),
             fmt(m.get("eos_rate")),
             fmt(m.get("distinct_2")),
+            fmt(m.get("repetition_4")),
         ]
         if has_gold:
             row += [fmt(m.get("gold_score_mean")), fmt(m.get("gold_good_rate"))]
@@ -86,17 +88,38 @@ def section_eval_models(data: RunData) -> str:
         "### Per-model metrics",
         "",
         "*EOS rate*: share of responses that ended on their own within the token budget. "
-        "*distinct-2*: distinct token bigrams over all bigrams in the model's responses (low means repetitive)."
+        "*distinct-2*: distinct token bigrams over all bigrams in the model's responses (low means repetitive). "
+        "*repetition-4*: the share of an answer's 4-grams that repeat within it, averaged (seq-rep-4; high means "
+        "answers that loop)."
         + (" *Gold good-rate*: share of responses the gold judge rates fully correct." if has_gold else ""),
         "",
         markdown_table(headers, rows),
     ]
+    lines += degenerate_lines(models, names)
     kl_note = negative_kl_note(models[name].get("kl_to_ref") for name in names)
     lines += ["", kl_note] if kl_note else []
     for stage in ("sft",) + POLICY_STAGES:
         if stage not in models:
             lines += ["", note(f"{model_label(stage)}: not evaluated in this run (no `eval.models.{stage}`).")]
     return "\n".join(lines)
+
+
+def degenerate_lines(models: dict, names: list[str]) -> list[str]:
+    """A warning per model whose answers the eval flagged as degenerate (`eval.models.<m>.degenerate`), with why:
+    such a model is not to be called best, whatever its win rates."""
+    flagged = [(m, models[m].get("degenerate")) for m in names if models[m].get("degenerate")]
+    return (
+        [
+            "",
+            *(
+                f"**Degenerate: {model_label(m)}** ({'; '.join(reasons)}): its answers loop or repeat across prompts; "
+                "read its win rates and suite rates as those of a broken model, not a better one."
+                for m, reasons in flagged
+            ),
+        ]
+        if flagged
+        else []
+    )
 
 
 def section_gold_breakdown(data: RunData) -> str:
@@ -149,6 +172,8 @@ def section_win_rates(data: RunData) -> str:
         "win rate with its 95% bootstrap interval; *invalid* prompts (a judge gave no usable answer) are excluded "
         "from every rate.",
     ]
+    models = eval_models(data.summary)
+    lines += degenerate_lines(models, order_models(models))
     ran = [judge for judge in list(JUDGES) + sorted(set(win_rates) - set(JUDGES)) if win_rates.get(judge)]
     if not ran:
         lines += ["", note("No judge compared any two models in this run (`eval.win_rates` is empty).")]
