@@ -1,6 +1,10 @@
 """The config contract: presets, overrides, types, and one-line errors."""
 
+import subprocess
+import sys
+
 import pytest
+from conftest import REPO
 
 from rlhf.core.errors import UserError
 from rlhf.stage.config import available_presets, coerce, load_config, preset_path
@@ -90,3 +94,40 @@ def test_the_example_in_a_type_error_pastes_into_a_shell():
     example = str(info.value).split("; e.g. ", 1)[1]
     [override] = shlex.split(example)  # one shell word, braces and spaces quoted
     assert load_config(preset_path("tiny"), [override]).model.config_overrides["n_layer"] == 4
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("grpo.lr=-1e-4", "grpo.lr=-0.0001 must be > 0"),
+        ("sft.lr=-1e-4", "sft.lr=-0.0001 must be > 0"),
+        ("ppo.value_lr=0", "ppo.value_lr=0.0 must be > 0"),
+        ("sft.warmup_ratio=2", "sft.warmup_ratio=2.0 must be in [0, 1]"),
+        ("sft.weight_decay=-0.1", "sft.weight_decay=-0.1 must be >= 0"),
+        ("ppo.gamma=1.5", "ppo.gamma=1.5 must be in [0, 1]"),
+        ("eval.top_p=0", "eval.top_p=0.0 must be in (0, 1]"),
+        ("grpo.kl_coef=-0.1", "grpo.kl_coef=-0.1 must be >= 0"),
+        ("grpo.temperature=nan", "grpo.temperature=nan must be >= 0"),
+        ("reward.head_dropout=1", "reward.head_dropout=1.0 must be in [0, 1)"),
+    ],
+)
+def test_a_number_outside_its_natural_range_is_one_line_at_load(override, expected):
+    with pytest.raises(UserError) as caught:
+        load_config(REPO / "configs" / "tiny.yaml", [override])
+    assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_a_negative_learning_rate_leaves_the_previous_result_intact(tmp_path):
+    """Issue 55: `grpo.lr=-1e-4` used to pass validation, delete grpo/complete.json, then crash in the optimizer."""
+    complete = tmp_path / "grpo" / "complete.json"
+    complete.parent.mkdir()
+    complete.write_text('{"fingerprint": "earlier"}')
+    result = subprocess.run(
+        [sys.executable, str(REPO / "part2_ppo_grpo" / "train_grpo.py"), "--preset", "tiny", "--output-dir",
+         str(tmp_path), "grpo.lr=-1e-4"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: grpo.lr=-0.0001 must be > 0; set grpo.lr to a value in that range"
+    ]
+    assert complete.read_text() == '{"fingerprint": "earlier"}'

@@ -562,9 +562,39 @@ COUNT_KEYS = (
     "prompts",
     "rouge_prompts",
 )
+# The natural range of every number named so, in any section (a learning rate below 0 would pass to the optimizer
+# and fail an hour in): leaf name -> (low, low included, high, high included); None: unbounded. NaN fails every one.
+RANGE_KEYS = {
+    **dict.fromkeys(("lr", "value_lr", "length_heuristic_lr", "adam_eps", "clip", "clip_high", "value_clip"),
+                    (0.0, False, None, False)),
+    **dict.fromkeys(("weight_decay", "max_grad_norm", "kl_coef", "entropy_coef", "vf_coef", "temperature",
+                     "missing_eos_penalty", "rpo_alpha", "logprob_distill_coef", "reward_tie_tolerance",
+                     "retry_base_delay_s", "retry_max_delay_s", "usd_per_1m_input_tokens",
+                     "usd_per_1m_output_tokens"), (0.0, True, None, False)),
+    **dict.fromkeys(("warmup_ratio", "gamma", "lam"), (0.0, True, 1.0, True)),
+    "top_p": (0.0, False, 1.0, True),
+    "head_dropout": (0.0, True, 1.0, False),
+    "timeout_s": (0.0, False, None, False),
+}  # fmt: skip
 PAIR_SOURCES = ("dataset", "collected", "both")  # reward.pairs and dpo.pairs
 EVAL_BASELINES = ("sft", "reference")  # eval.baseline
 ANNOTATORS = ("simulated", "openai", "reward")  # collect.annotator
+
+
+def require_in_range(dotted: str, value: Any) -> None:
+    """One-line UserError when `value`, the number at `dotted`, lies outside its leaf's RANGE_KEYS range (None passes:
+    an optional setting left unset)."""
+    low, low_in, high, high_in = RANGE_KEYS[dotted.rpartition(".")[2]]
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    above = value >= low if low_in else value > low
+    below = high is None or (value <= high if high_in else value < high)
+    if not (above and below):  # NaN fails both
+        if high is None:
+            bound = f">= {low:g}" if low_in else f"> {low:g}"
+        else:
+            bound = f"in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+        raise UserError(f"{dotted}={value} must be {bound}; set {dotted} to a value in that range")
 
 
 def require_positive(node: Any, keys: Iterable[str], prefix: str) -> None:
@@ -579,15 +609,19 @@ def require_positive(node: Any, keys: Iterable[str], prefix: str) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Rules every stage shares, checked once at load time: counts are positive, shares lie in
-    [0, 1], and the judge settings are usable. Stage-specific rules stay with their stages."""
+    """Rules every stage shares, checked once at load time: counts are positive, rates and coefficients lie in their
+    natural ranges (RANGE_KEYS), shares lie in [0, 1], and the judge settings are usable. Stage-specific rules stay
+    with their stages."""
     for dotted in all_keys(cfg):
         section, _, leaf = dotted.rpartition(".")
-        if leaf in COUNT_KEYS:
+        if leaf in COUNT_KEYS or leaf in RANGE_KEYS:
             node = cfg
             for name in section.split("."):
                 node = getattr(node, name)
-            require_positive(node, [leaf], section)
+            if leaf in COUNT_KEYS:
+                require_positive(node, [leaf], section)
+            else:
+                require_in_range(dotted, getattr(node, leaf))
     shares = {key: getattr(cfg.data, key) for key in ("val_fraction", "test_fraction", "judge_fraction")}
     for key, share in shares.items():
         if not 0 <= share < 1:
