@@ -131,3 +131,28 @@ def test_a_negative_learning_rate_leaves_the_previous_result_intact(tmp_path):
         "error: grpo.lr=-0.0001 must be > 0; set grpo.lr to a value in that range"
     ]
     assert complete.read_text() == '{"fingerprint": "earlier"}'
+
+
+def test_a_copied_runs_saved_config_writes_into_the_copy(tmp_path):
+    """Issue 55: each saved config holds the absolute run.output_dir it was written in; read from a copy of the run
+    (`cp -r outputs/tiny outputs/tiny-grpo`), it must not write into, or skip for, the original."""
+    from rlhf.stage.cli import parse_stage_args
+    from rlhf.stage.config import dump_yaml
+
+    original, copy = tmp_path / "tiny", tmp_path / "tiny-copy"
+    cfg = load_config(REPO / "configs" / "tiny.yaml")
+    cfg.run.output_dir = str(original)
+    (copy / "eval").mkdir(parents=True)
+    (copy / "eval" / "config.yaml").write_text(dump_yaml(cfg))
+    cfg, run, _ = parse_stage_args("report", ["--config", str(copy / "eval" / "config.yaml")])
+    assert run.root.resolve() == copy.resolve()
+    # --output-dir still wins, and any other config file keeps its own run.output_dir
+    cfg, run, _ = parse_stage_args(
+        "report", ["--config", str(copy / "eval" / "config.yaml"), "--output-dir", str(tmp_path / "x")]
+    )
+    assert run.root.resolve() == (tmp_path / "x").resolve()
+    other = tmp_path / "mine.yaml"
+    other.write_text(
+        dump_yaml(load_config(REPO / "configs" / "tiny.yaml")).replace("output_dir: null", f"output_dir: {original}")
+    )
+    assert parse_stage_args("report", ["--config", str(other)])[1].root.resolve() == original.resolve()

@@ -78,6 +78,15 @@ def run_arguments(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def run_folder_of(config_file: Path) -> Path | None:
+    """The run folder a stage's saved config sits in (`<run>/<stage>/config.yaml` -> `<run>`), whatever
+    `run.output_dir` it holds (the folder it was written in, before the run was copied or moved); None for any other
+    config file."""
+    if config_file.name == "config.yaml" and config_file.parent.name in STAGE_SCRIPTS:
+        return config_file.resolve().parent.parent
+    return None
+
+
 def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config, RunDir, bool]:
     script = STAGE_SCRIPTS.get(stage)
     parser = argparse.ArgumentParser(
@@ -92,6 +101,8 @@ def parse_stage_args(stage: str, argv: list[str] | None = None) -> tuple[Config,
     cfg = load_config(preset_path(name) if name else args.config, args.overrides)
     if args.output_dir:
         cfg.run.output_dir = args.output_dir
+    elif args.config and (folder := run_folder_of(Path(args.config))) is not None:
+        cfg.run.output_dir = str(folder)  # a stage's saved config, read in a copy of its run, writes into the copy
     if cfg.run.output_dir is None:
         cfg.run.output_dir = str(REPO_ROOT / "outputs" / (name or Path(args.config).stem))
     return cfg, RunDir(cfg.run.output_dir, preset=name, args=run_arguments(args)), args.force
