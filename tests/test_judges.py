@@ -386,3 +386,22 @@ def test_combine_batch_info_sums_counts_and_usage_but_not_settings():
         "errors": {"timeout": 3, "500": 1},
         "usage": {"prompt_tokens": 15, "estimated_cost_usd": 0.75, "usd_per_1m_input_tokens": 0.15},
     }
+
+
+def test_openai_judge_that_has_answered_goes_on_through_a_batch_of_failures(server):
+    """Issue 55: a batch of broken connections (here three 500s, no retry) used to stop a judge that had answered
+    every request before it, and eval then dropped all its verdicts. Only a judge that never answered stops."""
+    judge = J.OpenAIJudge(settings(server, max_retries=0))
+    first = judge.judge_many([(hh(f"Q{i}"), "GOOD a", "b") for i in range(3)])
+    assert [j.verdict for j in first] == ["A"] * 3
+    failed = judge.judge_many([(hh(f"R{i}"), "FAIL500 a", "b") for i in range(3)])
+    assert all(j.error.startswith("InternalServerError") for j in failed)
+    assert judge.stopped is None
+    assert [j.verdict for j in judge.judge_many([(hh("S"), "GOOD a", "b")])] == ["A"]  # the next batch is sent
+    fresh = J.OpenAIJudge(settings(server, max_retries=0))
+    fresh.judge_many([(hh(f"T{i}"), "FAIL500 a", "b") for i in range(2)])
+    assert fresh.stopped.startswith(
+        "every request failed and none was ever answered, the last with InternalServerError"
+    )
+    [later] = fresh.judge_many([(hh("U"), "GOOD a", "b")])
+    assert later.verdict == "invalid" and "not attempted" in later.error

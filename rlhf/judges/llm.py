@@ -16,8 +16,10 @@ judging each pair in both orders at temperature 0. Its prompt and answer parsing
   would fail every request, and so would an address that takes no connection after the retries
   (connection refused, unknown host; not a timeout), so the first one stops the batch: requests
   waiting to retry are reported as abandoned, with their last error, and the rest as not attempted.
-  It also stops the judge (`stopped`), as does a batch in which every request failed: later batches
-  send nothing, and their judgments fail at once as not attempted, with the reason.
+  It also stops the judge (`stopped`), as does a batch in which every request failed when no request
+  has ever been answered: later batches send nothing, and their judgments fail at once as not attempted,
+  with the reason. A judge that has answered goes on through a batch whose every request failed (a few
+  dropped connections): its verdicts are kept and the failures counted.
 - Answers are bounded: the verdict is read from the whole answer, but only `answer_char_limit`
   (8 characters per `max_tokens` token) is kept, its start and its end around a note of the cut
   (`bound_answer`), so a server that ignores `max_tokens` cannot fill the disk. Counted in
@@ -131,8 +133,10 @@ class OpenAIJudge(Judge):
         self._rng = random.Random()
         self._sleep = sleep  # tests may record delays; None: wait on the stop event
         # Set when a batch stops on an error every later request would meet too (nothing answers at the address,
-        # the key or model is refused), or when every request of a batch failed: later batches send nothing.
+        # the key or model is refused), or when every request of a batch failed and none has ever been answered:
+        # later batches send nothing. A judge that has answered keeps going through a batch of broken connections.
         self.stopped: str | None = None
+        self.answered = 0  # requests the server answered, over every batch
 
     # -- configuration ------------------------------------------------------------------
 
@@ -275,11 +279,13 @@ class OpenAIJudge(Judge):
                     judgment = dataclasses.replace(judgment, cache_key=key)
                 if judgment.error is not None:
                     failures.append(judgment.error)
+                else:
+                    self.answered += 1
                 yield key, judgment
             if batch.stopped_by is not None:
                 self.stopped = batch.stopped_by
-            elif len(failures) == len(futures):  # not one answer: the next batch would fare no better
-                self.stopped = f"every request of a batch failed, the last with {failures[-1]}"
+            elif failures and len(failures) == len(futures) and self.answered == 0:  # nothing has ever answered
+                self.stopped = f"every request failed and none was ever answered, the last with {failures[-1]}"
         finally:  # also on Ctrl-C: queued requests are dropped, running ones stop at their next retry
             batch.stop.set()
             pool.shutdown(wait=True, cancel_futures=True)

@@ -66,7 +66,11 @@ def test_a_judge_that_stopped_sends_nothing_in_later_batches(server, cause):
     judge = J.OpenAIJudge(settings(server, max_retries=1, max_concurrency=2, timeout_s=1.0, **where))
     first = judge.compare(PROMPTS, [f"FAIL500 {a}" for a in A], B)
     assert first.summary()["n"] == 0 and judge.stopped is not None
-    expected = f"nothing answers at {url}" if url else "every request of a batch failed, the last with Internal"
+    expected = (
+        f"nothing answers at {url}"
+        if url
+        else "every request failed and none was ever answered, the last with Internal"
+    )
     assert expected in judge.stopped
     sent = len(server.requests)
     later = judge.compare(PROMPTS, B, A)
