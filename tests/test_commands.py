@@ -173,3 +173,24 @@ def test_a_second_process_running_a_stage_in_the_same_folder_stops_before_writin
         holder.kill()
         holder.wait()
     hold_stage_lock(RunDir(tmp_path), "sft")  # released when its process ended
+
+
+def test_a_stage_started_by_hand_gets_run_all_shs_openmp_wait():
+    """Issue 55: run_all.sh sets GOMP_SPINCOUNT=1000; a stage script started directly spun at libgomp's 300,000."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    probe = (
+        "import os, sys; sys.argv = ['x', '--preset', 'tiny', 'sft.lr=abc']\n"
+        "from rlhf.stage.cli import answer_early\n"
+        "try:\n    answer_early('sft')\nexcept SystemExit:\n    pass\n"
+        "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)"
+    )
+
+    def run(extra: dict) -> list[str]:
+        command = [sys.executable, "-c", probe]
+        return subprocess.run(
+            command, cwd=REPO, env={**env, **extra}, capture_output=True, text=True, timeout=60
+        ).stdout.split()
+
+    assert run({}) == ["1000", "False"]
+    assert run({"OMP_WAIT_POLICY": "PASSIVE"}) == ["None", "False"]  # a user's own setting is kept
+    assert run({"GOMP_SPINCOUNT": "5"}) == ["5", "False"]
