@@ -542,7 +542,9 @@ def main(argv: list[str] | None = None) -> None:
             "timing_s": {"eval": round(time.perf_counter() - t_start, 2)},
         }
     )
-    run.mark_complete("eval", cfg, {"models": list(metrics)})
+    # which completion of each policy stage these numbers are of: the report warns when a stage has since changed
+    evaluated = {stage: run.completed_fingerprint(stage) for stage in policies}
+    run.mark_complete("eval", cfg, {"models": list(metrics), "policy_fingerprints": evaluated})
     if "gold" in win_rates:
         print(
             "[eval] gold win rate vs SFT: "

@@ -127,6 +127,24 @@ def inline_figures(root: Path, figures: dict[str, str]) -> dict[str, str]:
     }
 
 
+def stale_evaluations(run: RunDir) -> list[str]:
+    """A warning per policy stage that completed again, with another config, after eval evaluated it: its row in
+    the evaluation is of the earlier model, its training table of the new one."""
+    marker = run.stage("eval") / "complete.json"
+    evaluated = json.loads(marker.read_text()).get("policy_fingerprints", {}) if marker.is_file() else {}
+    warnings = []
+    for stage, fingerprint in evaluated.items():
+        now = run.completed_fingerprint(stage)
+        if now != fingerprint:
+            state = "has not completed since" if now is None else f"now holds another (config {now})"
+            warnings.append(
+                f"{STAGE_LABELS.get(stage, stage)}: the evaluation is of an earlier {stage} model (config "
+                f"{fingerprint}); the stage {state}, so its evaluation and training rows describe different "
+                f"models: re-run eval and the report (bash run_all.sh --from eval with this run's settings)"
+            )
+    return warnings
+
+
 def load_run(run: RunDir, cfg, problems: list[str]) -> tuple[RunData, dict[str, list[dict]]]:
     """Everything the report shows, read from the run folder; also each stage's metrics rows."""
     summary = run.read_summary()
@@ -169,7 +187,9 @@ def load_run(run: RunDir, cfg, problems: list[str]) -> tuple[RunData, dict[str, 
             {row.get("prompt") for rows in responses.values() for row in rows},
             get_path(summary, "data.source") == "embedded",
         ),
+        warnings=stale_evaluations(run),
     )
+    problems += data.warnings
     return data, histories
 
 

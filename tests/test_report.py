@@ -1170,3 +1170,29 @@ def test_a_degenerate_model_is_flagged_beside_its_metrics_and_win_rates():
     text = R.render_report(R.RunData(summary=summary))
     assert text.count("**Degenerate: DPO** (distinct-2 0.45 against SFT's 0.65)") == 2
     assert "Degenerate: PPO" not in text
+
+
+def test_a_policy_trained_again_after_eval_is_named_as_stale(tmp_path):
+    """Issue 55: after a stage was re-run with another config, the report showed its evaluation from the old model
+    and its training table from the new one, with no word. Now the report and its warnings say which."""
+    import importlib.util
+
+    from rlhf.stage.run import RunDir
+
+    spec = importlib.util.spec_from_file_location("make_report", REPO / "part4_eval" / "make_report.py")
+    make_report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_report)
+    run = RunDir(tmp_path)
+    for stage, fingerprint in (("grpo", "new"), ("ppo", "same")):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / "complete.json").write_text(json.dumps({"fingerprint": fingerprint}))
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "complete.json").write_text(
+        json.dumps({"fingerprint": "e", "policy_fingerprints": {"grpo": "old", "ppo": "same", "dpo": "gone"}})
+    )
+    warnings = make_report.stale_evaluations(run)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("GRPO: the evaluation is of an earlier grpo model (config old); the stage now holds")
+    assert "DPO" in warnings[1] and "has not completed since" in warnings[1]
+    text = R.render_report(R.RunData(summary={}, warnings=warnings))
+    assert f"- **Warning:** {warnings[0]}" in text

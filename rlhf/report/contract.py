@@ -151,3 +151,5 @@ class RunData:
         default_factory=dict
     )  # figure key (FIGURES, or curves_<stage>) -> path relative to report.md
     prompt_families: dict[str, str] = field(default_factory=dict)  # eval prompt -> embedded task family
+    # what the reader must know before any number: e.g. a model whose evaluation is of an earlier run of its stage
+    warnings: list[str] = field(default_factory=list)

@@ -90,6 +90,7 @@ def section_intro(data: RunData) -> str:
         f"- **Stages in this run:** {', '.join(STAGE_LABELS[s] for s in stages_run) or 'none'}"
         + (f"; not run: {', '.join(STAGE_LABELS[s] for s in stages_missing)}" if stages_missing else "")
         + ".",
+        *(f"- **Warning:** {warning}" for warning in data.warnings),
         "",
         "How to read the numbers:",
         "",

@@ -224,6 +224,11 @@ class RunDir:
             return False
         return json.loads(marker.read_text()).get("fingerprint") == self.fingerprint(stage, cfg)
 
+    def completed_fingerprint(self, stage: str) -> str | None:
+        """The config fingerprint `stage` last completed with (None: it has not completed)."""
+        marker = self.stage(stage) / COMPLETE_FILE
+        return json.loads(marker.read_text()).get("fingerprint") if marker.is_file() else None
+
     def mark_complete(self, stage: str, cfg: Config, info: dict) -> None:
         """Written last, once the stage's outputs are published; the resumable checkpoint is then obsolete."""
         write_json_atomic(self.stage(stage) / COMPLETE_FILE, {"fingerprint": self.fingerprint(stage, cfg), **info})
