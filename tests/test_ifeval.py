@@ -254,3 +254,35 @@ def test_the_preset_asks_for_what_the_reward_needs():
     assert cfg.data.instructions.n_train > 0
     assert cfg.grpo.reward == "rlhf.rollout.reward_functions:ifeval_instructions"
     assert json.loads(json.dumps(cfg.eval.benchmarks.split(","))) == ["ifeval", "xstest"]
+
+
+def test_two_benchmark_runs_compare_on_the_same_prompts(tmp_path):
+    import subprocess
+    import sys
+
+    def write(folder, strict_by_prompt, decoding):
+        folder.mkdir()
+        rows = [
+            {"key": str(i), "length": 10, "finished": True, "instruction_id_list": ["x"] * len(s), "strict": s,
+             "loose": s, "prompt_strict": all(s), "prompt_loose": all(s)}
+            for i, s in enumerate(strict_by_prompt)
+        ]  # fmt: skip
+        (folder / "ifeval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (folder / "benchmarks.json").write_text(json.dumps({"decoding": decoding}))
+
+    decoding = {"temperature": 0.0, "max_new_tokens": 128, "chat_template": True}
+    write(tmp_path / "base", [[False], [False, True], [True], [False]], decoding)
+    write(tmp_path / "grpo", [[True], [True, True], [True], [False]], decoding)
+    script = str(REPO / "part4_eval" / "compare_benchmarks.py")
+    out = subprocess.run(
+        [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "grpo"), "--json", str(tmp_path / "c.json")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "| prompt_strict | 0.250 [0.046, 0.699] | 0.750 [0.301, 0.954] | +0.500 [" in out.stdout
+    assert json.loads((tmp_path / "c.json").read_text())[0]["change"]["prompt_strict"]["only_after"] == 2
+    write(tmp_path / "long", [[True]] * 4, {**decoding, "max_new_tokens": 512})
+    other = subprocess.run(
+        [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "long")], capture_output=True, text=True
+    )
+    assert other.returncode == 2 and "decoded differently" in other.stderr

@@ -1,0 +1,100 @@
+"""Two models' public-benchmark answers compared on the same prompts, from part4_eval/benchmarks.py's output folders.
+
+    python part4_eval/compare_benchmarks.py results/smollm2-ifeval/base results/smollm2-ifeval/grpo
+
+Reads each folder's <benchmark>.jsonl (every answer with its verdict), checks that both answered the same prompts
+with the same decoding, and prints a markdown table: each model's accuracies with 95% intervals and the change
+(second minus first) with its paired interval and p, by the rules of eval's `change_vs_sft` (docs/benchmarks.md);
+with --by-type, IFEval's strict accuracy per instruction type too. --json writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+
+from rlhf.benchmarks import ifeval, xstest
+from rlhf.core.errors import UserError
+from rlhf.stage.cli import run_stage
+
+METRICS = {
+    "ifeval": ("prompt_strict", "instruction_strict", "prompt_loose", "instruction_loose"),
+    "xstest": ("safe_compliance", "unsafe_refusal"),
+}
+
+
+def read_answers(folder: Path, bench: str) -> tuple[list[dict], dict]:
+    path, report = folder / f"{bench}.jsonl", folder / "benchmarks.json"
+    if not path.is_file() or not report.is_file():
+        raise UserError(f"{folder} has no {bench}.jsonl and benchmarks.json; give part4_eval/benchmarks.py's --output")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return rows, json.loads(report.read_text())["decoding"]
+
+
+def compare(first: Path, second: Path, bench: str) -> dict:
+    (rows_a, decoding_a), (rows_b, decoding_b) = read_answers(first, bench), read_answers(second, bench)
+    if decoding_a != decoding_b:
+        raise UserError(f"{first} and {second} decoded differently ({decoding_a} vs {decoding_b}); compare like runs")
+    if bench == "ifeval":
+        summaries = [ifeval.summarize(rows_a), ifeval.summarize(rows_b)]
+        change = ifeval.paired_change(rows_a, rows_b)
+    else:
+        summaries = [xstest.summarize_xstest(rows_a), xstest.summarize_xstest(rows_b)]
+        change = xstest.paired_xstest_change(rows_a, rows_b)
+    for summary, rows in zip(summaries, (rows_a, rows_b)):
+        summary["length_mean"] = sum(r["length"] for r in rows) / len(rows)
+        summary["eos_rate"] = sum(r["finished"] for r in rows) / len(rows)
+    return {
+        "benchmark": bench,
+        "decoding": decoding_a,
+        "models": [str(first), str(second)],
+        "summaries": summaries,
+        "change": change,
+    }
+
+
+def table(result: dict, by_type: bool) -> str:
+    bench, (a, b), change = result["benchmark"], result["summaries"], result["change"]
+    value = "accuracy" if bench == "ifeval" else "rate"
+    names = [Path(m).name for m in result["models"]]
+    lines = [f"| {bench} | {names[0]} | {names[1]} | change [95% CI] | p |", "|---|---:|---:|---:|---:|"]
+    for key in METRICS[bench]:
+        c = change[key]
+        cells = [f"{s[key][value]:.3f} [{s[key]['ci95_low']:.3f}, {s[key]['ci95_high']:.3f}]" for s in (a, b)]
+        lines.append(
+            f"| {key} | {cells[0]} | {cells[1]} | {c['change']:+.3f} [{c['ci95_low']:+.3f}, {c['ci95_high']:+.3f}] "
+            f"| {c['p']:.3g} |"
+        )
+    lines.append(f"| answers ended (EOS) | {a['eos_rate']:.3f} | {b['eos_rate']:.3f} | | |")
+    lines.append(f"| tokens per answer | {a['length_mean']:.0f} | {b['length_mean']:.0f} | | |")
+    if by_type and bench == "ifeval":
+        lines += ["", f"| instruction type (strict) | n | {names[0]} | {names[1]} |", "|---|---:|---:|---:|"]
+        for kind, entry in a["by_instruction_strict"].items():
+            other = b["by_instruction_strict"][kind]
+            lines.append(f"| {kind} | {entry['n']} | {entry['accuracy']:.3f} | {other['accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("first", type=Path, help="the baseline's benchmarks.py --output folder")
+    parser.add_argument("second", type=Path, help="the other model's")
+    parser.add_argument("--benchmarks", default="ifeval", help="comma-separated: ifeval, xstest")
+    parser.add_argument("--by-type", action="store_true", help="IFEval's strict accuracy per instruction type")
+    parser.add_argument("--json", type=Path, help="also write the numbers here")
+    args = parser.parse_args(argv)
+    benches = [bench.strip() for bench in args.benchmarks.split(",") if bench.strip()]
+    if unknown := sorted(set(benches) - set(METRICS)):
+        raise UserError(f"--benchmarks: unknown {', '.join(unknown)}; choose from {', '.join(METRICS)}")
+    results = [compare(args.first, args.second, bench) for bench in benches]
+    print("\n\n".join(table(result, args.by_type) for result in results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    run_stage(main)
