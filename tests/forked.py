@@ -22,8 +22,9 @@ from pathlib import Path
 from rlhf.pipeline.stage_process import PRELOAD, fork_supported, redirect_output, run_as_main
 
 # Variables read when they are used, not when a preloaded library is imported: a test may set them, and pytest
-# sets PYTEST_CURRENT_TEST to each test's name.
-RUNTIME_VARIABLES = ("RLHF_", "OPENAI_", "PYTHONUNBUFFERED", "PYTEST_")
+# sets PYTEST_CURRENT_TEST to each test's name. GOMP_SPINCOUNT is read when libgomp loads, but it changes only how
+# idle threads wait, never what they compute; a stage script started in this process sets it (rlhf.stage.cli).
+RUNTIME_VARIABLES = ("RLHF_", "OPENAI_", "PYTHONUNBUFFERED", "PYTEST_", "GOMP_SPINCOUNT")
 
 _context = None
 _server_environment: dict[str, str] = {}

@@ -195,7 +195,10 @@ def test_the_tests_fork_their_stage_scripts_unless_a_library_may_have_read_the_e
 
     if not FORKING:
         pytest.skip("forking stages is not supported here (rlhf.pipeline.stage_process.fork_supported)")
-    same = {**os.environ, "PYTEST_CURRENT_TEST": "another test (call)", "PYTHONUNBUFFERED": "1"}
+    # against the environment the forkserver started with (a test before this one may have started it under its
+    # own monkeypatched variables), so the answer does not depend on which tests ran first in this worker
+    reference = forked._server_environment or os.environ
+    same = {**reference, "PYTEST_CURRENT_TEST": "another test (call)", "PYTHONUNBUFFERED": "1"}
     assert forked.forkable({**same, "RLHF_FAULT": "kill@checkpoint:2", "OPENAI_API_KEY": "sk-test"})
-    assert not forked.forkable({**same, "HF_HUB_OFFLINE": "0" if os.environ.get("HF_HUB_OFFLINE") == "1" else "1"})
+    assert not forked.forkable({**same, "HF_HUB_OFFLINE": "0" if same.get("HF_HUB_OFFLINE") == "1" else "1"})
     assert not forked.forkable({key: value for key, value in same.items() if key != "PATH"})

@@ -564,17 +564,28 @@ COUNT_KEYS = (
 )
 # The natural range of every number named so, in any section (a learning rate below 0 would pass to the optimizer
 # and fail an hour in): leaf name -> (low, low included, high, high included); None: unbounded. NaN fails every one.
+# The judge's numbers (judge.validate) and rpo_alpha (its stages' rules) are checked where they are used.
 RANGE_KEYS = {
-    **dict.fromkeys(("lr", "value_lr", "length_heuristic_lr", "adam_eps", "clip", "clip_high", "value_clip"),
-                    (0.0, False, None, False)),
-    **dict.fromkeys(("weight_decay", "max_grad_norm", "kl_coef", "entropy_coef", "vf_coef", "temperature",
-                     "missing_eos_penalty", "rpo_alpha", "logprob_distill_coef", "reward_tie_tolerance",
-                     "retry_base_delay_s", "retry_max_delay_s", "usd_per_1m_input_tokens",
-                     "usd_per_1m_output_tokens"), (0.0, True, None, False)),
+    **dict.fromkeys(
+        ("lr", "value_lr", "length_heuristic_lr", "adam_eps", "clip", "clip_high", "value_clip"),
+        (0.0, False, None, False),
+    ),
+    **dict.fromkeys(
+        (
+            "weight_decay",
+            "max_grad_norm",
+            "kl_coef",
+            "entropy_coef",
+            "vf_coef",
+            "temperature",
+            "missing_eos_penalty",
+            "logprob_distill_coef",
+        ),
+        (0.0, True, None, False),
+    ),
     **dict.fromkeys(("warmup_ratio", "gamma", "lam"), (0.0, True, 1.0, True)),
     "top_p": (0.0, False, 1.0, True),
     "head_dropout": (0.0, True, 1.0, False),
-    "timeout_s": (0.0, False, None, False),
 }  # fmt: skip
 PAIR_SOURCES = ("dataset", "collected", "both")  # reward.pairs and dpo.pairs
 EVAL_BASELINES = ("sft", "reference")  # eval.baseline
