@@ -2,7 +2,7 @@
 # The test suite: ruff (lint, then format check), unit tests of the math and contracts, and
 # end-to-end runs of the stage scripts.
 #   bash run_tests.sh                  everything
-#   bash run_tests.sh -m "not slow"    lint + unit tests only (3.3 min on 2 cores, 2026-11-28)
+#   bash run_tests.sh -m "not slow"    lint + unit tests only (docs/performance.md has the last measured time)
 #   ruff format . && ruff check --fix .    (from .venv/bin) fixes most lint and format findings
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -14,8 +14,14 @@ source scripts/env.sh
 # xdist would otherwise start the files with the most tests first), and one torch thread per worker: two
 # workers' threads then never spin against each other on a small machine (docs/performance.md).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Every run ends with its wall time and its ten slowest items, so that a change that doubles the suite is seen the
+# day it lands (docs/performance.md, "The test suite").
+pytest_args=(-n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder --durations=10)
 if [ $# -gt 0 ]; then
-  exec "$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder "$@"
+  status=0
+  "$PY" -m pytest "${pytest_args[@]}" "$@" || status=$?
+  echo "[tests] run_tests.sh $* took ${SECONDS} s (lint included)"
+  exit "$status"
 fi
 # The whole suite: the rest in .venv, and beside it the vLLM engine's tests, in .venv-vllm with vLLM's CPU build
 # (scripts/env.sh, RLHF_VLLM=1; x86-64 Linux), which is installed there while the main run starts. The small tiny
@@ -28,16 +34,18 @@ trap 'rm -rf "$vllm_log" "$RLHF_TEST_SHARED"' EXIT
   export RLHF_VLLM=1
   source scripts/env.sh
   if [ -n "${VLLM_PY:-}" ]; then
-    RLHF_REQUIRE_VLLM=1 "$VLLM_PY" -m pytest -p no:cacheprovider -m vllm
+    RLHF_REQUIRE_VLLM=1 "$VLLM_PY" -m pytest -p no:cacheprovider --durations=5 -m vllm
   else
     echo "vLLM's CPU build has no wheel for $(uname -s)-$(uname -m): the vLLM engine's tests did not run"
   fi
 ) > "$vllm_log" 2>&1 &
 vllm_pid=$!
 status=0
-"$PY" -m pytest -n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder -m "not vllm" || status=$?
+"$PY" -m pytest "${pytest_args[@]}" -m "not vllm" || status=$?
+main_seconds=$SECONDS
 vllm_status=0
 wait "$vllm_pid" || vllm_status=$?
 echo "---------- the vLLM engine's tests, in .venv-vllm ----------"
 cat "$vllm_log"
+echo "[tests] the whole suite took ${SECONDS} s, the main pytest run ending at ${main_seconds} s (setup and lint included)"
 [ "$status" -eq 0 ] && [ "$vllm_status" -eq 0 ]

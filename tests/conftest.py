@@ -128,5 +128,8 @@ SLOW_FILES_FIRST = (
 
 
 def pytest_collection_modifyitems(items) -> None:
+    for item in items:  # a test that reads the shared tiny run may have to build it (minutes): never a unit test
+        if "tiny_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

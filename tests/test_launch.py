@@ -82,6 +82,7 @@ def pipeline(env: dict, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_a_batch_that_does_not_split_over_the_launchs_processes_is_one_line_before_any_stage(tmp_path):
     """The launcher says how many processes it starts (2 here); 32 per process does not split into micro-batches
     of 12. Nothing runs: one line, exit 2, as without a launcher."""
@@ -95,6 +96,7 @@ def test_a_batch_that_does_not_split_over_the_launchs_processes_is_one_line_befo
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_grpo_micro_batches_of_part_of_a_group_are_one_line_before_any_stage(tmp_path):
     """grpo.pack_groups packs whole groups: a micro-batch of 2 rollouts with G = 4 fails when the pipeline
     starts, not when GRPO's turn comes after SFT and the reward model."""

@@ -298,6 +298,7 @@ def tiny(*overrides: str):
     return load_config(preset_path("tiny"), list(overrides))
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_lora_on_the_sft_of_a_random_base_fails_at_start_up_naming_the_recipe_that_learns(tmp_path):
     # the command: the pipeline stops before any stage, in one line that names the fix
     command = [sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", "--output-dir", str(tmp_path / "run")]

@@ -256,6 +256,7 @@ def test_overoptimization_command_end_to_end(tiny_run, tmp_path):
     assert json.loads((run / "overopt" / "overoptimization.json").read_text())["curves"] == report["curves"]
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_overoptimization_flag_mistakes_are_one_line_errors(tmp_path):
     result = run_script("part4_eval/overoptimization.py", tmp_path, "--rewards", "gold", check=False)
     assert result.returncode == 2 and "stages 'data', 'sft', 'reward' have not completed" in result.stderr

@@ -113,7 +113,7 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
     negative = run_script(
         "part1_reward/train_reward.py", run, *TINY_TEST_OVERRIDES, "reward.logprob_distill_coef=-1", check=False
     )
-    assert negative.returncode == 2 and "reward.logprob_distill_coef must be >= 0" in negative.stderr
+    assert negative.returncode == 2 and "reward.logprob_distill_coef=-1.0 must be >= 0" in negative.stderr
     both = run_script(
         "part1_reward/train_reward.py",
         run,

@@ -67,6 +67,7 @@ def run_driver(folder: Path, fork: bool) -> dict:
     return json.loads(ran.stdout.splitlines()[-1])
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh-interpreter"])
 def test_a_stage_runs_as_python_script_would(tmp_path, fork):
     result = run_driver(tmp_path, fork)
@@ -151,6 +152,7 @@ def stop_a_driver(tmp_path, driver_code: str, how: str, env: dict) -> None:
 STOPS = ["SIGTERM to the driver", "Ctrl-C to the process group"]
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh-interpreter"])
 @pytest.mark.parametrize("how", STOPS)
 def test_a_stop_signal_reaches_the_stage_once_and_stops_the_driver(tmp_path, fork, how):

@@ -58,6 +58,7 @@ def test_config_error_at_start_up(tmp_path, script, stage, override, problem, fi
     assert_nothing_lost(out, stage)
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_unreadable_dataset(tmp_path):
     out = prepare_run(tmp_path / "run")
     data = tmp_path / "pairs.parquet"
@@ -67,6 +68,7 @@ def test_unreadable_dataset(tmp_path):
     assert_nothing_lost(out, "data")
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_damaged_upstream_model(rl_run):
     run = RunDir(rl_run)
     weights = run.model_dir("sft") / "model.safetensors"

@@ -132,6 +132,7 @@ def test_a_server_that_goes_away_mid_batch_stops_it_and_says_so(server):
     assert rest == ["not attempted: the batch was stopped by an earlier error"] * 7
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_timeouts_are_still_retried_per_request(server):
     """Unlike an address where nothing listens, a slow server may answer the next request."""
     s = settings(server, timeout_s=1.0, max_retries=1, max_concurrency=1)  # ALWAYS_SLOW sleeps 1.5 s
@@ -219,6 +220,7 @@ def run_eval(run, server, *overrides: str):
     )
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_eval_stage_with_the_llm_judge_writes_the_key_into_no_file(server, eval_run):
     """The eval stage as a user runs it, with a fake key in the environment and the LLM judge on
     127.0.0.1: the server receives the key, and no file of the run folder contains it."""
@@ -229,6 +231,7 @@ def test_eval_stage_with_the_llm_judge_writes_the_key_into_no_file(server, eval_
     assert not [p for p in written if KEY.encode() in p.read_bytes()]
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_eval_stage_with_1mb_judge_answers_keeps_the_run_folder_small(server, eval_run):
     """A server that ignores max_tokens and answers 1 MB to every request: the eval stage keeps the
     verdicts, 2 KB of each answer (8 characters per judge.max_tokens token), each answer once (in
@@ -249,6 +252,7 @@ def test_eval_stage_with_1mb_judge_answers_keeps_the_run_folder_small(server, ev
     assert "answers were longer than 2048 characters" in result.stdout
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_an_llm_judge_that_never_answers_stops_once_and_is_reported_failed_not_as_a_judge(server, eval_run):
     """Nothing listens at judge.base_url: the first batch gives up, every later pairing sends nothing, the stage
     says so in one line, and the judge is in no win rate or agreement; its entry is a failed status with the

@@ -70,6 +70,7 @@ def test_checkpoint_writer_turns_a_full_disk_into_one_line_and_keeps_the_previou
     assert load_training_state(tmp_path / "checkpoint", model, optimizer, None) == {"step": 4}
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 @needs_namespaces
 def test_read_only_output_folder_is_one_line_at_start_up(data_run, tmp_path):
     """As root, permissions do not stop a write; a read-only mount does, for root too."""

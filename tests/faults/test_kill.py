@@ -22,6 +22,7 @@ from rlhf.pipeline.faults import STAGE_ORDER, differences, loadable_checkpoint_s
 from .conftest import SFT_ARGS, sft_folder
 
 
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_kill_mid_checkpoint_write_resumes_from_the_previous_one_and_ends_identical(data_run, sft_reference, tmp_path):
     run = sft_folder(data_run, tmp_path / "run")
     command = [*stage_command("sft", run, "tiny", []), *SFT_ARGS]

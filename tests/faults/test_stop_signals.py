@@ -41,6 +41,7 @@ def signal_mid_training(command: list[str], metrics, signum: int) -> tuple[int, 
     "signum, exit_code",
     [(signal.SIGTERM, 143), pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)],  # the CI subset: SIGTERM
 )
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
 def test_a_signal_saves_a_checkpoint_and_exits_and_the_rerun_resumes_identical(
     data_run, sft_reference, tmp_path, signum, exit_code
 ):
