@@ -31,40 +31,58 @@ from rlhf.stage.run import STAGE_SCRIPTS, RunDir, collect_needed, judge_needed
 
 pytestmark = pytest.mark.slow
 
-# A few steps of each stage; collect runs because dpo.pairs=both reads its pairs. PPO: 3 iterations with a checkpoint
-# after each and a held-out evaluation before the first (of the SFT policy: KL 0 to itself).
+# The fewest steps that cross every boundary the probe checks (minutes on a CPU whose bf16 is emulated, as CI's
+# may be); collect runs because dpo.pairs=both reads its pairs. SFT saves every 2 steps (the resume test kills it
+# writing its second checkpoint); PPO, 3 iterations with a checkpoint after each and a held-out evaluation before
+# the first (of the SFT policy: KL 0 to itself).
 BF16_OVERRIDES = [
     "run.mixed_precision=bf16",
     "run.log_every=1",
-    "data.embedded.n_train_pairs=800",
-    "data.embedded.n_test_pairs=100",
-    "sft.max_steps=12",
-    "sft.save_every=4",
-    "sft.gold_eval_prompts=16",
+    "data.embedded.n_train_pairs=400",
+    "data.embedded.n_test_pairs=50",
+    "sft.max_steps=6",
+    "sft.save_every=2",
+    "sft.batch_size=16",
+    "sft.micro_batch_size=16",
+    "sft.gold_eval_prompts=8",
     "sft.num_samples=2",
-    "collect.prompts=32",
-    "collect.max_new_tokens=16",
-    "reward.max_steps=10",
-    "ppo.total_episodes=96",
-    "ppo.batch_size=32",
+    "collect.prompts=16",
+    "collect.max_new_tokens=8",
+    "reward.max_steps=4",
+    "ppo.total_episodes=48",
+    "ppo.batch_size=16",
+    "ppo.micro_batch_size=8",
+    "ppo.forward_batch_size=16",
     "ppo.save_every=1",
     "ppo.eval_every=3",
-    "ppo.eval_prompts=16",
-    "grpo.total_episodes=64",
-    "grpo.batch_size=32",
-    "grpo.eval_prompts=16",
+    "ppo.eval_prompts=8",
+    "ppo.max_new_tokens=12",
+    "grpo.total_episodes=16",
+    "grpo.batch_size=16",
+    "grpo.micro_batch_size=8",
+    "grpo.forward_batch_size=16",
+    "grpo.eval_prompts=8",
+    "grpo.max_new_tokens=12",
     "raft.rounds=1",
-    "raft.prompts_per_round=32",
-    "raft.eval_prompts=16",
+    "raft.prompts_per_round=8",
+    "raft.batch_size=8",
+    "raft.micro_batch_size=8",
+    "raft.eval_prompts=8",
+    "raft.max_new_tokens=12",
     "dpo.pairs=both",
-    "dpo.max_train_pairs=64",
-    "dpo.eval_prompts=16",
-    "online_dpo.total_episodes=64",
-    "online_dpo.eval_prompts=16",
-    "eval.num_prompts=16",
+    "dpo.max_train_pairs=32",
+    "dpo.batch_size=16",
+    "dpo.micro_batch_size=16",
+    "dpo.eval_prompts=8",
+    "online_dpo.total_episodes=16",
+    "online_dpo.batch_size=16",
+    "online_dpo.eval_prompts=8",
+    "online_dpo.max_new_tokens=12",
+    "eval.num_prompts=8",
+    "eval.max_new_tokens=12",
     "eval.best_of_n=2",
-    "eval.best_of_n_prompts=8",
-    "eval.batch_size=16",
+    "eval.best_of_n_prompts=4",
+    "eval.batch_size=8",
 ]
 BF16_CONFIG = load_config(preset_path("tiny"), BF16_OVERRIDES)
 # The stages the pipeline runs on this config: judge_rm is the reward stage's code, run only on held-out judge pairs.
@@ -202,7 +220,7 @@ def test_published_models_are_float32_and_load_in_plain_transformers(bf16_run):
 
 @pytest.mark.parametrize(
     ("stage", "inputs", "resumed_from"),
-    [("sft", ("data",), "step 4"), ("ppo", ("data", "sft", "reward"), "iteration 1")],
+    [("sft", ("data",), "step 2"), ("ppo", ("data", "sft", "reward"), "iteration 1")],
 )
 def test_a_killed_bf16_stage_resumes_to_the_uninterrupted_runs_weights(bf16_run, tmp_path, stage, inputs, resumed_from):
     """SIGKILL halfway through writing the second checkpoint (RLHF_FAULT), then the same command again: it resumes

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import signal
 import subprocess
@@ -173,43 +172,6 @@ def test_killed_stage_resumes_to_the_same_result(tiny_run, tmp_path):
     a = load_file(killed / "sft" / "model" / "model.safetensors")
     b = load_file(straight / "sft" / "model" / "model.safetensors")
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
-
-
-@pytest.mark.parametrize("stage", ["sft", "reward"])
-def test_two_process_data_parallel_matches_one_process(tiny_run, tmp_path, stage):
-    """torchrun with 2 gloo processes == 1 process accumulating 2 micro-batches, same global batch."""
-    overrides = [
-        *TINY_TEST_OVERRIDES,
-        f"{stage}.max_steps=6",
-        f"{stage}.batch_size=16",
-        f"{stage}.micro_batch_size=8",
-        f"{stage}.save_every=0",
-        "run.log_every=1",
-    ]
-    if stage == "sft":  # the reward stage needs the sft config its input was made with
-        overrides += ["sft.gold_eval_prompts=2", "sft.num_samples=1"]
-    else:  # with the distillation targets, computed sharded across the processes
-        overrides += ["reward.logprob_distill_coef=1.0"]
-    script = {"sft": "part1_reward/train_sft.py", "reward": "part1_reward/train_reward.py"}[stage]
-    inputs = {"sft": ["data"], "reward": ["data", "sft"]}[stage]
-    losses = {}
-    for name, launcher in (
-        ("single", [sys.executable]),
-        ("ddp", [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"]),
-    ):
-        out = tmp_path / name
-        for folder in inputs:
-            shutil.copytree(tiny_run / folder, out / folder)
-        shutil.copy(tiny_run / "summary.json", out / "summary.json")
-        command = [*launcher, str(REPO / script), "--preset", "tiny", "--output-dir", str(out), *overrides]
-        result = subprocess.run(
-            command, capture_output=True, text=True, cwd=REPO, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"}
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        rows = [json.loads(line) for line in (out / stage / "metrics.jsonl").read_text().splitlines()]
-        losses[name] = [row[f"{stage}/train/loss"] for row in rows if f"{stage}/train/loss" in row]
-    assert len(losses["single"]) == 6
-    assert losses["single"] == pytest.approx(losses["ddp"], rel=1e-4)
 
 
 HH_PROMPT = "\n\nHuman: How do I bake bread?\n\nAssistant:"
