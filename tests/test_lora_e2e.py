@@ -1,5 +1,7 @@
-"""End-to-end through the real command line with model.lora.enabled=true: data -> sft -> reward -> ppo -> dpo, with
-adapters in every stage, and full SFT then adapters in reward, ppo and dpo (model.lora.stages).
+"""End-to-end through the real command line with model.lora.enabled=true: data -> sft -> reward -> ppo -> grpo ->
+raft -> dpo -> online_dpo, with adapters in every stage, and full SFT then adapters in reward, ppo and dpo
+(model.lora.stages). (The real model's LoRA runs, tests/test_smollm2_e2e.py and tests/test_ifeval_e2e.py, train
+adapters in SFT, the reward models, PPO, GRPO and DPO.)
 
 Every stage publishes a merged model that plain transformers loads, and its adapters beside it, which peft
 loads on the model the stage started from; the policy stages move the policy and leave the reference alone."""
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.slow
 LORA_OVERRIDES = [
     *TINY_TEST_OVERRIDES,
     "model.lora.enabled=true",
-    "model.lora.stages=sft,reward,ppo,dpo",
+    "model.lora.stages=sft,reward,ppo,grpo,raft,dpo,online_dpo",
     "sft.max_steps=20",
     "sft.lr=1e-2",
     "sft.gold_eval_prompts=20",
@@ -40,14 +42,28 @@ LORA_OVERRIDES = [
     "dpo.max_train_pairs=128",
     "dpo.eval_prompts=32",
     "dpo.precompute_ref=false",  # the reference (adapters disabled) scores every training batch
+    "grpo.total_episodes=128",
+    "grpo.lr=3e-3",
+    "grpo.eval_prompts=32",
+    "raft.rounds=1",
+    "raft.prompts_per_round=32",
+    "raft.lr=3e-3",
+    "raft.eval_prompts=32",
+    "online_dpo.total_episodes=128",
+    "online_dpo.lr=3e-3",
+    "online_dpo.eval_prompts=32",
 ]
 STAGES = {
     "part1_reward/analyze_data.py": "data",
     "part1_reward/train_sft.py": "sft",
     "part1_reward/train_reward.py": "reward",
     "part2_ppo_grpo/train_ppo.py": "ppo",
+    "part2_ppo_grpo/train_grpo.py": "grpo",
+    "part2_ppo_grpo/train_raft.py": "raft",
     "part3_dpo/train_dpo.py": "dpo",
+    "part3_dpo/train_online_dpo.py": "online_dpo",
 }
+AFTER_SFT_STAGES = ("data", "sft", "reward", "ppo", "dpo")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +92,7 @@ def assert_merged_model_and_adapters_on_the_sft_model(run, stage):
         assert (expected - sft_logits).abs().max() > 1e-3  # the policy moved away from SFT
 
 
-@pytest.mark.parametrize("stage", ["ppo", "dpo"])
+@pytest.mark.parametrize("stage", ["ppo", "grpo", "raft", "dpo", "online_dpo"])
 def test_policy_stages_publish_a_merged_model_and_adapters_on_the_sft_model(lora_run, stage):
     assert_merged_model_and_adapters_on_the_sft_model(lora_run, stage)
 
@@ -103,7 +119,7 @@ def test_summaries_show_frozen_references_and_small_adapters(lora_run):
     sft = load_file(lora_run / "sft" / "model" / "model.safetensors")
     adapter = load_file(lora_run / "sft" / "adapter" / "adapter_model.safetensors")
     assert 0 < sum(t.numel() for t in adapter.values()) < 0.2 * sum(t.numel() for t in sft.values())
-    for stage in ("sft", "reward", "ppo", "dpo"):
+    for stage in STAGES.values():
         assert not (lora_run / stage / "checkpoint").exists()  # removed once the stage completed
 
 
@@ -130,7 +146,8 @@ AFTER_SFT_OVERRIDES = [
 def after_sft_run(tiny_run, tmp_path_factory):
     output_dir = tmp_path_factory.mktemp("lora_after_sft_run") / "run"
     shutil.copytree(tiny_run, output_dir)
-    logs = {STAGES[script]: run_script(script, output_dir, *AFTER_SFT_OVERRIDES).stdout for script in STAGES}
+    scripts = [script for script, stage in STAGES.items() if stage in AFTER_SFT_STAGES]
+    logs = {STAGES[script]: run_script(script, output_dir, *AFTER_SFT_OVERRIDES).stdout for script in scripts}
     return output_dir, logs
 
 
