@@ -220,6 +220,14 @@ def assert_runs_match(runs: Path, stage: str, unmatched: tuple[str, ...] = (), s
 SUMMARY_KEYS = {"reward": "reward_model"}  # summary.json's section of each stage, where it is not the stage's name
 
 
+def assert_same_weights(a: dict, b: dict) -> None:
+    """The same tensors, each to REL of its largest entry."""
+    assert a.keys() == b.keys()
+    for name in a:
+        scale = float(a[name].abs().max()) or 1.0
+        assert float((a[name] - b[name]).abs().max()) <= REL * scale, name
+
+
 def flat(tree, path: str = "") -> dict:
     """Nested dicts and lists as {"a/b/0": leaf}."""
     if isinstance(tree, dict):
@@ -272,12 +280,14 @@ PIPELINE_OVERRIDES = [
     *(override for stage in OVERRIDES for override in OVERRIDES[stage]),
 ]
 DOCUMENTED_LAUNCH = "accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2"  # docs/scaling.md
+FSDP_LAUNCH = "accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 2 --main_process_port 29523"
+FSDP_STAGES = ("sft", "reward", "dpo", "grpo")  # the stages that shard what they train (docs/scaling.md)
 
 
 @pytest.fixture(scope="module")
 def pipelines(tmp_path_factory):
-    """The whole tiny pipeline in one process and under the documented 2-process launch; per run, its output and the
-    number of LLM-judge requests it made."""
+    """The whole tiny pipeline in one process and under the documented 2-process launch, and FSDP_STAGES on the
+    1-process run's data under the FSDP launch; per run, its output and the number of LLM-judge requests it made."""
     root = tmp_path_factory.mktemp("pipelines")
     venv_bin = str(Path(sys.executable).parent)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
@@ -286,9 +296,13 @@ def pipelines(tmp_path_factory):
     server = FakeOpenAI()
     runs = {}
     try:
-        for name, launch in (("single", ""), ("ddp", DOCUMENTED_LAUNCH)):
+        for name, launch in (("single", ""), ("ddp", DOCUMENTED_LAUNCH), ("fsdp", FSDP_LAUNCH)):
             before = len(server.requests)
             command = [sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", "--output-dir", str(root / name)]
+            if name == "fsdp":
+                shutil.copytree(root / "single" / "data", root / name / "data")
+                shutil.copy(root / "single" / "summary.json", root / name / "summary.json")
+                command += ["--only", ",".join(FSDP_STAGES)]
             env = {**base_env, "OMP_NUM_THREADS": "1", "PATH": path, "RLHF_LAUNCH": launch}
             env.update({BASE_URL_ENV: server.url, API_KEY_ENV: KEY})
             result = subprocess.run(
@@ -357,3 +371,25 @@ def test_eval_on_two_processes_judges_once_and_writes_the_same_samples(pipelines
     assert summaries[0]["win_rates"]["gold"] and summaries[0]["win_rates"]["gold"] == summaries[1]["win_rates"]["gold"]
     same_tree(summaries)
     same_tree([json.loads((folder / "win_rates.json").read_text()) for folder in evals])
+
+
+@pytest.mark.parametrize("stage", FSDP_STAGES)
+def test_fsdp_on_two_processes_matches_one_process(pipelines, stage):
+    """FSDP2 on CPU (rlhf/models/sharding.py), launched as docs/scaling.md documents it: the same per-step metrics
+    and published weights as one process. (A checkpoint of a sharded run resumes in one process: tests/test_fsdp.py.)"""
+    root, runs = pipelines
+    assert f"[{stage}]" in runs["fsdp"][0].stdout and "sharded over 2 processes" in runs["fsdp"][0].stdout
+    rows = [metric_rows(root / name, stage) for name in ("single", "fsdp")]
+    assert len(rows[0]) == len(rows[1]) > 2
+    for one, two in zip(*rows):
+        assert one.keys() == two.keys()
+        assert one == pytest.approx(two, rel=REL, abs=1e-6), f"{stage} step {one.get('step')}"
+    assert_same_weights(
+        *(load_file(root / name / stage / "model" / "model.safetensors") for name in ("single", "fsdp"))
+    )
+    if stage == "reward":  # a parameter with its own optimizer settings keeps them when sharding replaces it
+        results = [
+            json.loads((root / name / "summary.json").read_text())["reward_model"] for name in ("single", "fsdp")
+        ]
+        assert results[0]["length_heuristic_weight"] != pytest.approx(0.1, abs=1e-3)
+        assert results[1]["length_heuristic_weight"] == pytest.approx(results[0]["length_heuristic_weight"], rel=REL)

@@ -64,7 +64,7 @@ def test_killed_ppo_through_vllm_resumes_to_the_same_weights(tiny_run, tmp_path)
         *FAST["ppo"],
         *VLLM,
         "rollout.tis_cap=2",
-        "ppo.total_episodes=128",
+        "ppo.total_episodes=64",
         "ppo.batch_size=16",
         "ppo.save_every=2",
         "ppo.eval_prompts=8",
@@ -78,7 +78,7 @@ def test_killed_ppo_through_vllm_resumes_to_the_same_weights(tiny_run, tmp_path)
 
     resumed = run_script(SCRIPTS["ppo"], runs["killed"], *overrides)
     assert "resumed from iteration" in resumed.stdout
-    assert read_summary(runs["killed"])["ppo"]["iterations"] == 8
+    assert read_summary(runs["killed"])["ppo"]["iterations"] == 4
     run_script(SCRIPTS["ppo"], runs["straight"], *overrides)
     a = load_file(runs["killed"] / "ppo" / "model" / "model.safetensors")
     b = load_file(runs["straight"] / "ppo" / "model" / "model.safetensors")
