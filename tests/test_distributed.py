@@ -306,7 +306,7 @@ def pipelines(tmp_path_factory):
             env = {**base_env, "OMP_NUM_THREADS": "1", "PATH": path, "RLHF_LAUNCH": launch}
             env.update({BASE_URL_ENV: server.url, API_KEY_ENV: KEY})
             result = subprocess.run(
-                [*command, *PIPELINE_OVERRIDES], capture_output=True, text=True, cwd=REPO, timeout=900, env=env
+                [*command, *PIPELINE_OVERRIDES], capture_output=True, text=True, cwd=REPO, timeout=1800, env=env
             )
             assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
             runs[name] = (result, len(server.requests) - before)
