@@ -164,8 +164,10 @@ def main(argv: list[str] | None = None) -> None:
         scored = stage.score(rollout, local_rows, batch_size, layout)
         scores = scored.scores  # (N,)
 
-        # 4c. Group-relative advantages (DeepSeekMath section 4.1.2; Dr. GRPO without the std).
-        advantages, zero_std = group_advantages(scores, G, scale=gcfg.scale_rewards)  # (N,), (N / G,)
+        # 4c. Group-relative advantages (DeepSeekMath section 4.1.2; Dr. GRPO without the std; RLOO's baseline).
+        advantages, zero_std = group_advantages(
+            scores, G, scale=gcfg.scale_rewards, leave_one_out=gcfg.baseline == "leave_one_out"
+        )  # (N,), (N / G,)
         t2 = time.perf_counter()
 
         # 4d. Epochs over minibatches; micro-batches weighted to reproduce the chosen normalisation over all
@@ -198,6 +200,7 @@ def main(argv: list[str] | None = None) -> None:
                             gcfg.kl_coef,
                             gcfg.loss_normalization,
                             importance_weights(rollout, old_logprobs, rows, t, cfg.rollout.tis_cap),
+                            gcfg.ratio_level,
                         )
                         check_finite_loss("grpo", loss, stage.iteration, run)
                         accelerator.backward(loss * weight)

@@ -433,9 +433,44 @@ def test_grpo_loss_reports_kl_without_penalising_when_beta_is_zero():
     close(stats["kl"], 0.25)
 
 
+def test_gspo_one_ratio_per_response_by_hand():
+    # Token ratios 2 and 0.5 (a padding token after them): GSPO's ratio is their geometric mean, exactly 1, so the
+    # loss is -A = -1 while the per-token ratios would clip one of them. Each token's gradient is -A·s/|y| = -1/2.
+    old_logprobs = f64([[math.log(0.25), math.log(0.4), 0.0]])
+    new_logprobs = f64([[math.log(0.5), math.log(0.2), -9.0]]).requires_grad_()
+    mask = torch.tensor([[True, True, False]])
+    loss, stats = grpo_loss(new_logprobs, old_logprobs, None, f64([1.0]), mask, beta=0.0, ratio_level="sequence")
+    close(loss, -1.0)
+    close(stats["ratio_mean"], 1.0)
+    close(stats["clipfrac"], 0.0)
+    close(stats["approxkl"], 0.5 * math.log(2) ** 2)  # of the tokens' own ratios
+    loss.backward()
+    close(new_logprobs.grad, [[-0.5, -0.5, 0.0]])
+    token_loss, _ = grpo_loss(new_logprobs.detach(), old_logprobs, None, f64([1.0]), mask, beta=0.0)
+    close(token_loss, (-1.2 - 0.5) / 2)  # per token: ratio 2 clipped to 1.2, and 0.5
+
+
+def test_gspo_clips_the_whole_response():
+    # Both tokens' ratio 2: s = 2. A = +1: clipped to 1.2, no gradient; A = -1: max(2, 1.2) = 2, and
+    # d(-A·s)/d log pi_t = s/|y| = 1 on each token.
+    old_logprobs = f64([[math.log(0.2), math.log(0.3)]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    for advantage, expected_loss, expected_grad in ((1.0, -1.2, 0.0), (-1.0, 2.0, 1.0)):
+        new_logprobs = (old_logprobs + math.log(2)).requires_grad_()
+        loss, stats = grpo_loss(
+            new_logprobs, old_logprobs, None, f64([advantage]), mask, beta=0.0, ratio_level="sequence"
+        )
+        close(loss, expected_loss)
+        close(stats["clipfrac"], 1.0 if advantage > 0 else 0.0)
+        loss.backward()
+        close(new_logprobs.grad, [[expected_grad, expected_grad]])
+
+
 def test_grpo_loss_errors():
     x, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="needs ref_logprobs"):
         grpo_loss(x, x, None, torch.zeros(1), mask, beta=0.04)
     with pytest.raises(ValueError, match="normalization"):
         grpo_loss(x, x, x, torch.zeros(1), mask, normalization="dr_grpo")
+    with pytest.raises(ValueError, match="ratio_level"):
+        grpo_loss(x, x, x, torch.zeros(1), mask, ratio_level="response")

@@ -316,6 +316,16 @@ def test_group_advantages_unscaled_dr_grpo():
     assert zero_std.tolist() == [False, True, False]
 
 
+def test_group_advantages_leave_one_out_rloo():
+    # r_i minus the mean of the group's other three: group 0, 1 - (0 + 0 + 1)/3 = 2/3 and 0 - 2/3; group 2,
+    # 0 - 3/3 = -1 and 3 - 0 = 3; each G/(G-1) = 4/3 times Dr. GRPO's r_i - mean
+    advantages, zero_std = group_advantages(GROUP_REWARDS, group_size=4, scale=False, leave_one_out=True)
+    close(advantages, [2 / 3, -2 / 3, -2 / 3, 2 / 3, 0, 0, 0, 0, -1, -1, -1, 3])
+    assert zero_std.tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        group_advantages(torch.zeros(3), group_size=1, scale=False, leave_one_out=True)
+
+
 def test_group_advantages_all_equal_group_is_exactly_zero():
     # 0.1 + 0.1 + 0.1 = 0.30000000000000004 in floating point, so the mean is not exactly 0.1
     advantages, zero_std = group_advantages(f64([0.1, 0.1, 0.1]), group_size=3)

@@ -195,6 +195,8 @@ def test_outputs_metrics_and_summary_are_complete(rl_run, stage):
 
 
 def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_evaluating(rl_run, tmp_path):
+    """Also the variants' options end to end: DAPO's token normalisation and clip-higher, Dr. GRPO's unscaled
+    advantages, RLOO's leave-one-out baseline and GSPO's sequence ratio (their math: test_ops, test_losses)."""
     run = tmp_path / "run"
     shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
     result = run_script(
@@ -208,6 +210,8 @@ def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_eval
         "grpo.loss_normalization=token",
         "grpo.scale_rewards=false",
         "grpo.clip_high=0.28",
+        "grpo.baseline=leave_one_out",
+        "grpo.ratio_level=sequence",
         "grpo.eval_every=1",
     )
     assert "reference not loaded (kl_coef=0); SFT policy loaded for evaluation" in result.stdout

@@ -151,6 +151,13 @@ def test_batch_size_rules_are_one_line_errors(changes, world, group, message):
             "grpo.loss_normalization must be one of sequence, token",
         ),
         (check_grpo_config, GRPOConfig(kl_coef=-0.1), "grpo.kl_coef=-0.1 must be >= 0"),
+        (
+            check_grpo_config,
+            GRPOConfig(group_size=1, scale_rewards=False, baseline="leave_one_out", batch_size=8),
+            "grpo.group_size=1 must be at least 2",
+        ),
+        (check_grpo_config, GRPOConfig(baseline="rloo"), "grpo.baseline must be one of group_mean, leave_one_out"),
+        (check_grpo_config, GRPOConfig(ratio_level="seq"), "grpo.ratio_level must be one of sequence, token"),
         (check_ppo_config, PPOConfig(value_model="critic"), "ppo.value_model must be 'separate' or 'shared'"),
         (check_ppo_config, PPOConfig(kl_target=0.0), "ppo.kl_target=0.0 must be > 0"),
         (check_ppo_config, PPOConfig(lam=1.5), "must lie in"),

@@ -252,16 +252,19 @@ def _clipped_surrogate(
     clip_low: float,
     clip_high: float,
     importance_weights: Tensor | None = None,
+    log_ratio: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Per-token max(−A·ρ, −A·clip(ρ, 1−clip_low, 1+clip_high)) (Schulman et al. 2017 eq. 7, as a loss),
     times `importance_weights` (B, T) when given (truncated importance sampling for samples drawn by another
-    engine, `rlhf.core.ops.truncated_importance_weights`; Yao et al. 2025).
+    engine, `rlhf.core.ops.truncated_importance_weights`; Yao et al. 2025). `log_ratio` (B, T), when given,
+    is log ρ in place of new − old (GSPO's one ratio per response, broadcast over its tokens).
 
     Returns (per_token_loss, ratio, clipped_chosen, log_ratio), each (B, T); clipped_chosen is
     True where the clipped term was strictly larger, i.e. where the token gets no gradient.
     old_logprobs, advantages and the weights are constants of the surrogate and are detached.
     """
-    log_ratio = upcast(new_logprobs) - upcast(old_logprobs).detach()  # (B, T)
+    if log_ratio is None:
+        log_ratio = upcast(new_logprobs) - upcast(old_logprobs).detach()  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
     advantages = upcast(advantages).detach()
     unclipped = -advantages * ratio  # (B, T)
@@ -341,6 +344,17 @@ def _sequence_mean_then_batch_mean(per_token_loss: Tensor, response_mask: Tensor
 
 
 GRPO_NORMALIZERS = {"sequence": _sequence_mean_then_batch_mean, "token": masked_mean}
+GRPO_RATIO_LEVELS = ("token", "sequence")
+
+
+def sequence_log_ratio(new_logprobs: Tensor, old_logprobs: Tensor, response_mask: Tensor) -> Tensor:
+    """GSPO's importance ratio in log space, one per response, on each of its tokens (Zheng et al. 2025,
+    arXiv 2507.18071, eq. 7): log s_i = (1/|y_i|) Σ_t log(π_new(y_i,t)/π_old(y_i,t)), the log of the geometric mean
+    of the tokens' ratios. (B, T) each -> (B, T); the gradient reaches every token of the response through the mean.
+    """
+    token_log_ratio = upcast(new_logprobs) - upcast(old_logprobs).detach()  # (B, T)
+    per_response = masked_mean(token_log_ratio, response_mask, dim=-1)  # (B,)
+    return per_response[:, None].expand_as(token_log_ratio)  # (B, T)
 
 
 def grpo_loss(
@@ -354,32 +368,44 @@ def grpo_loss(
     beta: float = 0.04,
     normalization: str = "sequence",
     importance_weights: Tensor | None = None,
+    ratio_level: str = "token",
 ) -> tuple[Tensor, Stats]:
     """GRPO loss (DeepSeekMath, arXiv 2402.03300, eq. 3), per token:
 
         max(−A·ρ, −A·clip(ρ, 1−clip_low, 1+clip_high)) + β·k3(π_new, π_ref)
 
-    reduced by GRPO_NORMALIZERS[normalization]. k3 is `rlhf.core.ops.kl_k3` (their eq. 4). With
+    reduced by GRPO_NORMALIZERS[normalization]. k3 is `rlhf.core.ops.kl_k3` (their eq. 4).
+    ratio_level="token": ρ per token; "sequence": ρ is GSPO's per-response ratio (`sequence_log_ratio`), clipped
+    whole, so with normalization="sequence" the loss is GSPO's objective (Zheng et al. 2025, eq. 5) plus the KL. With
     `importance_weights` (B, T) the surrogate term (not the KL) is weighted per token (`_clipped_surrogate`).
     new_logprobs, old_logprobs, ref_logprobs: (B, T); advantages: (B,), one per completion,
     broadcast over its tokens; response_mask: (B, T) bool.
     ref_logprobs may be None only when beta == 0 (no KL term, DAPO).
-    stats (token means over the response): clipfrac, approxkl (as in `ppo_policy_loss`),
-    ratio_mean, kl (mean k3; 0 when ref_logprobs is None; still measured, but not in the
-    loss, when beta == 0 and ref_logprobs is given).
+    stats (token means over the response): approxkl (as in `ppo_policy_loss`, of the tokens' own ratios at either
+    ratio_level); clipfrac and ratio_mean, of the ratio the loss uses; kl (mean k3; 0 when ref_logprobs is None;
+    still measured, but not in the loss, when beta == 0 and ref_logprobs is given).
     """
     if ref_logprobs is None and beta != 0:
         raise ValueError(f"grpo_loss: beta={beta} needs ref_logprobs; pass them or set beta to 0")
     if normalization not in GRPO_NORMALIZERS:
         raise ValueError(f"grpo_loss: normalization={normalization!r}; choose one of {sorted(GRPO_NORMALIZERS)}")
-    per_token_loss, ratio, clipped_chosen, log_ratio = _clipped_surrogate(
-        new_logprobs, old_logprobs, advantages[:, None], clip_low, clip_high, importance_weights
+    if ratio_level not in GRPO_RATIO_LEVELS:
+        raise ValueError(f"grpo_loss: ratio_level={ratio_level!r}; choose one of {GRPO_RATIO_LEVELS}")
+    sequence_ratio = ratio_level == "sequence"
+    per_token_loss, ratio, clipped_chosen, _ = _clipped_surrogate(
+        new_logprobs,
+        old_logprobs,
+        advantages[:, None],
+        clip_low,
+        clip_high,
+        importance_weights,
+        sequence_log_ratio(new_logprobs, old_logprobs, response_mask) if sequence_ratio else None,
     )  # (B, T) each
     kl = torch.zeros_like(per_token_loss) if ref_logprobs is None else kl_k3(new_logprobs, ref_logprobs)  # (B, T)
     loss = GRPO_NORMALIZERS[normalization](per_token_loss + beta * kl, response_mask)
     stats = {
         "clipfrac": masked_mean(clipped_chosen.float(), response_mask),
-        "approxkl": 0.5 * masked_mean(log_ratio.detach() ** 2, response_mask),
+        "approxkl": 0.5 * masked_mean((upcast(new_logprobs) - upcast(old_logprobs)).detach() ** 2, response_mask),
         "kl": masked_mean(kl.detach(), response_mask),
         "ratio_mean": masked_mean(ratio.detach(), response_mask),
     }

@@ -261,12 +261,17 @@ def gae_advantages(
     return advantages, returns
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> tuple[Tensor, Tensor]:
+def group_advantages(
+    rewards: Tensor, group_size: int, scale: bool = True, eps: float = 1e-4, leave_one_out: bool = False
+) -> tuple[Tensor, Tensor]:
     """Group-relative advantages for GRPO-style training.
 
     scale=True:  A_i = (r_i − mean_g) / (std_g + eps)  (DeepSeekMath, arXiv 2402.03300, §4.1.2;
                  unbiased std as torch.std in their code and TRL)
     scale=False: A_i = r_i − mean_g                    (Dr. GRPO, arXiv 2503.20783)
+    leave_one_out=True: the baseline is the mean of the group's other G − 1 rewards, r_i − mean_{j≠i} r_j
+                 = G/(G − 1) · (r_i − mean_g) (RLOO, Ahmadian et al. 2024, arXiv 2402.14740, eq. 5), then scaled
+                 by the group's std when scale=True.
 
     rewards: (N,) with N = n_groups * group_size, consecutive rows forming one group
     -> (advantages (N,), zero_std_group_mask (n_groups,) bool).
@@ -278,11 +283,13 @@ def group_advantages(rewards: Tensor, group_size: int, scale: bool = True, eps: 
             f"group_advantages: {rewards.numel()} rewards do not split into groups of {group_size}; "
             "pass rewards for whole groups, consecutive rows per prompt"
         )
-    if scale and group_size < 2:
-        raise ValueError("group_advantages: scale=True needs group_size >= 2 for a standard deviation")
+    if (scale or leave_one_out) and group_size < 2:
+        raise ValueError("group_advantages: scale=True or leave_one_out=True needs group_size >= 2")
     grouped = upcast(rewards).reshape(-1, group_size)  # (n_groups, G)
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # (n_groups, G)
     zero_std_group_mask = (grouped == grouped[:, :1]).all(dim=1)  # (n_groups,)
+    if leave_one_out:
+        centred = centred * (group_size / (group_size - 1))
     if scale:
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
     # Rounding in the mean can leave ~1e-17 in an all-equal group; make it exactly 0.

@@ -38,6 +38,8 @@ from rlhf.stage.config import (
 # name the same ones.
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "cdpo")  # dpo.loss_type, online_dpo.loss_type: rlhf.core.losses.DPO_LOSSES
 GRPO_LOSS_NORMALIZATIONS = ("sequence", "token")  # grpo.loss_normalization: rlhf.core.losses.GRPO_NORMALIZERS
+GRPO_BASELINES = ("group_mean", "leave_one_out")  # grpo.baseline: rlhf.core.ops.group_advantages
+GRPO_RATIO_LEVELS = ("token", "sequence")  # grpo.ratio_level: rlhf.core.losses.GRPO_RATIO_LEVELS
 ONLINE_DPO_JUDGES = ("reward", "simulated", "openai")  # online_dpo.judge
 ONLINE_DPO_REFERENCES = ("sft", "iteration")  # online_dpo.reference
 EVAL_JUDGES = ("gold", "reward", "independent", "openai")  # eval.judges
@@ -165,14 +167,17 @@ def check_ppo_config(pcfg: PPOConfig) -> None:
 
 def check_grpo_config(gcfg: GRPOConfig) -> None:
     check_rl_config("grpo", gcfg)
-    if gcfg.group_size < 1 or (gcfg.scale_rewards and gcfg.group_size < 2):
+    leave_one_out = gcfg.baseline == "leave_one_out"
+    if gcfg.group_size < 1 or ((gcfg.scale_rewards or leave_one_out) and gcfg.group_size < 2):
         raise UserError(f"grpo.group_size={gcfg.group_size} must be at least 2 (a group needs a spread of rewards)")
     check_whole_groups("grpo", gcfg.batch_size, gcfg.group_size)
-    if gcfg.loss_normalization not in GRPO_LOSS_NORMALIZATIONS:
-        raise UserError(
-            f"grpo.loss_normalization must be one of {', '.join(sorted(GRPO_LOSS_NORMALIZATIONS))}, "
-            f"got '{gcfg.loss_normalization}'"
-        )
+    for key, choices in (
+        ("loss_normalization", GRPO_LOSS_NORMALIZATIONS),
+        ("baseline", GRPO_BASELINES),
+        ("ratio_level", GRPO_RATIO_LEVELS),
+    ):
+        if getattr(gcfg, key) not in choices:
+            raise UserError(f"grpo.{key} must be one of {', '.join(sorted(choices))}, got '{getattr(gcfg, key)}'")
     if gcfg.kl_coef < 0:
         raise UserError(f"grpo.kl_coef={gcfg.kl_coef} must be >= 0 (0: no KL term and no reference model)")
 

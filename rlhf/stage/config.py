@@ -332,6 +332,13 @@ class GRPOConfig(RLConfig):
     epochs: int = 1  # optimisation passes over each rollout batch (DeepSeekMath's mu)
     group_size: int = 4  # G responses per prompt; batch_size must be a multiple (DeepSeekMath: 64)
     scale_rewards: bool = True  # advantages (r - mean) / (std + eps); false: r - mean (Dr. GRPO, arXiv 2503.20783)
+    # "group_mean": a response's baseline is its group's mean reward (DeepSeekMath); "leave_one_out": the mean of
+    # the other G - 1 (RLOO, Ahmadian et al. 2024, arXiv 2402.14740; TRL's RLOOTrainer with scale_rewards=false)
+    baseline: str = "group_mean"
+    # "token": an importance ratio per token (DeepSeekMath); "sequence": one per response, the geometric mean of
+    # its tokens' ratios, clipped whole (GSPO, Zheng et al. 2025, arXiv 2507.18071, who clip it to [1 - 3e-4,
+    # 1 + 4e-4]: set clip and clip_high)
+    ratio_level: str = "token"
     # beta of the k3 KL to the reference in the loss (DeepSeekMath: 0.04); 0 never loads a reference
     kl_coef: float = 0.04
     # "sequence": 1/|o| per response then batch mean (DeepSeekMath); "token": over all tokens (DAPO)
