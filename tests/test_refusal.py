@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from rlhf.core.winrates import wilson_interval
 from rlhf.judges.refusal import (
     CLASSES,
     PARTIAL_MIN_WORDS,
     SOFT_MIN_WORDS,
+    agreement_with_labels,
     classify_refusal,
     is_refusal,
     paired_rate_change,
@@ -180,3 +182,25 @@ def test_paired_rate_change_needs_the_same_prompts():
     with pytest.raises(ValueError, match="same prompts"):
         paired_rate_change([True], [True, False])
     assert math.isnan(paired_rate_change([], [])["change"])
+
+
+def test_agreement_with_labels_by_hand():
+    c, r, p = CLASSES  # full_compliance, full_refusal, partial_refusal
+    labels = [c, c, r, r, p, c]
+    verdicts = [c, r, r, c, p, c]
+    result = agreement_with_labels(labels, verdicts)
+    assert result["n"] == 6 and result["agreement"]["hits"] == 4
+    assert result["agreement"]["rate"] == pytest.approx(4 / 6)
+    # chance: label shares 3/6, 2/6, 1/6; the judge's the same; p_e = 1/4 + 1/9 + 1/36 = 7/18
+    assert result["kappa"] == pytest.approx((4 / 6 - 7 / 18) / (1 - 7 / 18))  # 5/11
+    refusal = result["refusal"]
+    assert refusal["agreement"]["rate"] == pytest.approx(4 / 6)
+    assert (refusal["precision"]["hits"], refusal["precision"]["n"]) == (2, 3)  # judged refusals at 1, 2, 4
+    assert (refusal["recall"]["hits"], refusal["recall"]["n"]) == (2, 3)  # labelled refusals at 2, 3, 4
+    assert result["confusion"][c] == {c: 2, r: 1, p: 0} and result["confusion"][r] == {c: 1, r: 1, p: 0}
+    low, high = wilson_interval(4, 6)
+    assert (result["agreement"]["ci95_low"], result["agreement"]["ci95_high"]) == (low, high)
+    assert agreement_with_labels([c, c], [c, c])["kappa"] is None  # one class: chance agreement is already 1
+    assert agreement_with_labels([c], [c])["refusal"]["precision"] is None  # the judge refused nothing
+    with pytest.raises(ValueError, match="unknown classes"):
+        agreement_with_labels(["refusal"], [c])
