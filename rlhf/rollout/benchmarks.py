@@ -16,6 +16,7 @@ from rlhf.chat import render_prompt
 from rlhf.core.batching import encode_texts
 from rlhf.core.errors import UserError
 from rlhf.data import hh_prompt
+from rlhf.models.modeling import context_length
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.evaluation import sample_for_eval
 
@@ -79,9 +80,17 @@ def answer_benchmark(
     max_prompt_tokens: int | None = None,
 ) -> Answered:
     """`policy` answers every prompt of `rows` greedily (sharded over processes by `sample_for_eval`), scored by the
-    benchmark. A prompt longer than `max_prompt_tokens` keeps its last tokens (the end is where the answer starts)."""
+    benchmark. A prompt longer than `max_prompt_tokens` (default: what the policy's positions leave beside the
+    answer) keeps its last tokens (the end is where the answer starts)."""
     texts = [render_user_prompt(tokenizer, row.prompt, chat_template) for row in rows]
     prompt_ids = encode_texts(tokenizer, texts)
+    if max_prompt_tokens is None and (positions := context_length(getattr(policy, "config", None))):
+        if positions <= max_new_tokens:
+            raise UserError(
+                f"{name}: the model attends over {positions} positions, no more than the {max_new_tokens} new tokens "
+                "asked for; ask for fewer"
+            )
+        max_prompt_tokens = positions - max_new_tokens
     if max_prompt_tokens:
         prompt_ids = [ids[-max_prompt_tokens:] for ids in prompt_ids]
     sampling = SamplingConfig(max_new_tokens, temperature=0.0)
