@@ -192,6 +192,7 @@ def test_outputs_metrics_and_summary_are_complete(rl_run, stage):
     model = AutoModelForCausalLM.from_pretrained(run / stage / "model")  # plain Hugging Face format
     assert model.config.eos_token_id is not None
     assert "gold win rate vs SFT" in outputs[stage].stdout
+    assert f"[{stage}] held-out check: {summary[stage]['eval_prompts']} validation prompts" in outputs[stage].stdout
 
 
 def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_evaluating(rl_run, tmp_path):

@@ -291,6 +291,12 @@ class OnlineStage:
         sft_policy = self.sft_policy
         if sft_policy is None:
             sft_policy = reference_policy(policy, self.run.model_dir("sft"), self.device)
+        if self.accelerator.is_main_process and (n_held_out := len(self.held_out.prompts.eval_ids)):
+            print(
+                f"[{self.stage}] held-out check: {n_held_out} validation prompts answered by the final policy and by "
+                f"SFT ({self.stage}.eval_prompts)",
+                flush=True,
+            )
         results, eval_samples = self.held_out.against_sft(policy, sft_policy)
         results.update({**summary, **costs, "frozen_roles_unchanged": True})
         self.logger.log(self.iteration, eval_metrics(self.stage, results))
