@@ -3,9 +3,9 @@
     python part4_eval/compare_benchmarks.py results/smollm2-ifeval/base results/smollm2-ifeval/grpo
 
 Reads each folder's <benchmark>.jsonl (every answer with its verdict), checks that both answered the same prompts
-with the same decoding, and prints a markdown table: each model's accuracies with 95% intervals and the change
-(second minus first) with its paired interval and p, by the rules of eval's `change_vs_sft` (docs/benchmarks.md);
-with --by-type, IFEval's strict accuracy per instruction type too. --json writes the numbers.
+with the same decoding and engine, and prints a markdown table: each model's accuracies with 95% intervals and the
+change (second minus first) with its paired interval and p, by the rules of eval's `change_vs_sft`
+(docs/benchmarks.md); with --by-type, IFEval's strict accuracy per instruction type too. --json writes the numbers.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ def read_answers(folder: Path, bench: str) -> tuple[list[dict], dict]:
     if not path.is_file() or not report.is_file():
         raise UserError(f"{folder} has no {bench}.jsonl and benchmarks.json; give part4_eval/benchmarks.py's --output")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return rows, json.loads(report.read_text())["decoding"]
+    written = json.loads(report.read_text())
+    # the engine decodes too: greedy answers from two engines can part on a tie (older folders are generate's)
+    return rows, {**written["decoding"], "engine": written.get("engine", "hf")}
 
 
 def compare(first: Path, second: Path, bench: str) -> dict:

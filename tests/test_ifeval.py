@@ -260,7 +260,7 @@ def test_two_benchmark_runs_compare_on_the_same_prompts(tmp_path):
     import subprocess
     import sys
 
-    def write(folder, strict_by_prompt, decoding):
+    def write(folder, strict_by_prompt, decoding, engine=None):
         folder.mkdir()
         rows = [
             {"key": str(i), "length": 10, "finished": True, "instruction_id_list": ["x"] * len(s), "strict": s,
@@ -268,11 +268,12 @@ def test_two_benchmark_runs_compare_on_the_same_prompts(tmp_path):
             for i, s in enumerate(strict_by_prompt)
         ]  # fmt: skip
         (folder / "ifeval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (folder / "benchmarks.json").write_text(json.dumps({"decoding": decoding}))
+        engine_key = {} if engine is None else {"engine": engine}  # a folder from before --engine: generate's
+        (folder / "benchmarks.json").write_text(json.dumps({"decoding": decoding, **engine_key}))
 
     decoding = {"temperature": 0.0, "max_new_tokens": 128, "chat_template": True}
     write(tmp_path / "base", [[False], [False, True], [True], [False]], decoding)
-    write(tmp_path / "grpo", [[True], [True, True], [True], [False]], decoding)
+    write(tmp_path / "grpo", [[True], [True, True], [True], [False]], decoding, engine="hf")
     script = str(REPO / "part4_eval" / "compare_benchmarks.py")
     out = subprocess.run(
         [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "grpo"), "--json", str(tmp_path / "c.json")],
@@ -286,3 +287,8 @@ def test_two_benchmark_runs_compare_on_the_same_prompts(tmp_path):
         [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "long")], capture_output=True, text=True
     )
     assert other.returncode == 2 and "decoded differently" in other.stderr
+    write(tmp_path / "vllm", [[True]] * 4, decoding, engine="vllm")
+    other = subprocess.run(
+        [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "vllm")], capture_output=True, text=True
+    )
+    assert other.returncode == 2 and "decoded differently" in other.stderr and "'engine': 'vllm'" in other.stderr
