@@ -5,8 +5,8 @@
 
 Copies what a number in README or ANALYSIS is computed from, never weights: summary.json, every stage's
 config.yaml and results.json, data/stats.json, eval's per-prompt verdicts (win_rates.json, suites/*.jsonl,
-benchmarks/*.jsonl), the RL stages' held-out samples (eval_samples.jsonl), and part4_eval/benchmarks.py's
-benchmarks.json with its answers. A file over --max-mb is left out and named. Writes MANIFEST.json: each file's
+benchmarks/*.jsonl), the RL stages' held-out samples (eval_samples.jsonl), every stage's logged metrics
+(metrics.jsonl, its curves), and part4_eval/benchmarks.py's benchmarks.json with its answers. A file over --max-mb is left out and named. Writes MANIFEST.json: each file's
 size and sha256, the source folder and the command.
 """
 
@@ -33,6 +33,7 @@ PATTERNS = (
     "eval/suites/*.jsonl",
     "eval/benchmarks/*.jsonl",
     "*/eval_samples.jsonl",
+    "*/metrics.jsonl",
     "benchmarks.json",
     "ifeval.jsonl",
     "xstest.jsonl",
