@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from rlhf.benchmarks import ifeval, xstest
 from rlhf.core.errors import UserError
+from rlhf.judges.refusal import classify_refusal
 from rlhf.stage.cli import run_stage
 
 METRICS = {
@@ -44,7 +45,8 @@ def compare(first: Path, second: Path, bench: str) -> dict:
     if bench == "ifeval":
         summaries = [ifeval.summarize(rows_a), ifeval.summarize(rows_b)]
         change = ifeval.paired_change(rows_a, rows_b)
-    else:
+    else:  # each answer classified by the refusal judge as it is now, not as it was when the answers were written
+        rows_a, rows_b = ([{**r, "class": classify_refusal(r["response"])} for r in rows] for rows in (rows_a, rows_b))
         summaries = [xstest.summarize_xstest(rows_a), xstest.summarize_xstest(rows_b)]
         change = xstest.paired_xstest_change(rows_a, rows_b)
     for summary, rows in zip(summaries, (rows_a, rows_b)):
