@@ -8,7 +8,9 @@ row, as GRPO samples. Times the engine's build and its first call apart from the
     python bench/rollout_engines.py --run outputs/smollm2-harmless --prompts 32 --new-tokens 64   # a run's SFT policy
 
 With `--run`, the workload is real: the run's SFT policy (`<run>/sft/model`, e.g. SmolLM2-135M-Instruct) and the
-first P prompts of its test split, as eval samples them.
+first P prompts of its test split, as eval samples them. Beside the timings, the arithmetic bound: the tokens/s the
+model would reach if every forward FLOP (2 per parameter per token, prefill included) ran at this machine's measured
+float32 matmul rate, and each engine's share of it.
 
 On a GPU both run in bf16; on CPU in float32, on torch's threads (OMP_NUM_THREADS) for both."""
 
@@ -101,6 +103,27 @@ def time_engine(name: str, model, tokenizer, folder: Path, prompts: list[list[in
     }
 
 
+def matmul_gflops(size: int = 1024, repeats: int = 20) -> float:
+    """The machine's float32 matmul rate on torch's threads (GFLOP/s): the arithmetic bound's numerator."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)  # warm-up
+    started = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def arithmetic_bound(gflops: float, n_params: int, prompt_tokens: float, new_tokens: int) -> dict:
+    """New tokens per second if every forward FLOP ran at the matmul rate: a token costs 2·N FLOPs (Kaplan et al.
+    2020, attention left out), and each response's prompt is processed once (prefill) beside its new tokens."""
+    per_token = 2 * n_params / (gflops * 1e9)  # seconds per token through the model
+    return {
+        "matmul_gflops": round(gflops, 1),
+        "decode_only_tokens_per_s": round(1 / per_token, 1),
+        "with_prefill_tokens_per_s": round(new_tokens / ((prompt_tokens + new_tokens) * per_token), 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
@@ -135,6 +158,10 @@ def main(argv: list[str] | None = None) -> None:
         for name in ("hf", "vllm") if vllm_installed() else ("hf",):
             results["engines"][name] = time_engine(name, model, tokenizer, folder, prompts, args.new_tokens, args.calls)
             print(f"[rollout] {shape} {name}: {results['engines'][name]}", flush=True)
+    n_params = sum(p.numel() for p in model.parameters())  # tied embeddings counted once, as the LM head's matmul
+    results["bound"] = arithmetic_bound(matmul_gflops(), n_params, results["mean_prompt_tokens"], args.new_tokens)
+    for timing in results["engines"].values():
+        timing["share_of_bound"] = round(timing["tokens_per_s"] / results["bound"]["with_prefill_tokens_per_s"], 3)
     if "vllm" in results["engines"]:
         results["vllm_speedup"] = round(results["engines"]["hf"]["call_s"] / results["engines"]["vllm"]["call_s"], 2)
     print(json.dumps(results, indent=1))

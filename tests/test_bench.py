@@ -277,3 +277,11 @@ def test_pipeline_shared_runs_the_pipeline_alone_then_beside_a_neighbour_and_com
     assert events == [("run", "quiet", False), ("run", "quiet_default", True)]
     result = json.loads(next(tmp_path.glob("*-x.json")).read_text())
     assert "loaded_over_quiet" not in result and result["quiet_over_quiet_default_policy"] == 1.25
+
+
+def test_the_generation_bound_by_hand():
+    from bench.rollout_engines import arithmetic_bound
+
+    # 100 GFLOP/s and 1e8 parameters: 2e8 FLOPs a token, 2 ms; 100 new tokens after a 100-token prompt: 400 ms
+    bound = arithmetic_bound(100.0, 100_000_000, prompt_tokens=100.0, new_tokens=100)
+    assert bound == {"matmul_gflops": 100.0, "decode_only_tokens_per_s": 500.0, "with_prefill_tokens_per_s": 250.0}
