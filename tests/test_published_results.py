@@ -1,0 +1,75 @@
+"""The real-model numbers README and ANALYSIS print, recomputed from the answers and labels committed in results/
+(issue 51: a number a reader cannot recompute is a claim, not a result). A test fails when a file shows a number
+the data no longer gives."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+
+import pytest
+from conftest import REPO
+
+RESULTS = REPO / "results"
+ANALYSIS = (REPO / "ANALYSIS.md").read_text()
+README = (REPO / "README.md").read_text()
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "part4_eval" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def interval(entry: dict, value: str) -> str:
+    return f"{entry[value]:.3f} [{entry['ci95_low']:.3f}, {entry['ci95_high']:.3f}]"
+
+
+def change(entry: dict) -> str:
+    return f"{entry['change']:+.3f} [{entry['ci95_low']:+.3f}, {entry['ci95_high']:+.3f}]"
+
+
+@pytest.fixture(scope="module")
+def raft_vs_sft():
+    compare = script("compare_benchmarks").compare
+    folders = RESULTS / "smollm2-ifeval" / "sft", RESULTS / "smollm2-ifeval" / "raft"
+    return {bench: compare(*folders, bench) for bench in ("ifeval", "xstest")}
+
+
+def test_raft_on_ifeval_as_published(raft_vs_sft):
+    result = raft_vs_sft["ifeval"]
+    (sft, raft), delta = result["summaries"], result["change"]
+    for key in ("prompt_strict", "instruction_strict", "prompt_loose", "instruction_loose"):
+        row = f"| {interval(sft[key], 'accuracy')} | {interval(raft[key], 'accuracy')} | "
+        assert row in ANALYSIS, key
+        assert f"{change(delta[key])}" in ANALYSIS and f"| {delta[key]['p']:.2g} |" in ANALYSIS, key
+    for key in ("prompt_strict", "instruction_strict"):
+        assert change(delta[key]) in README and f"p = {delta[key]['p']:.2g}" in README, key
+    assert (delta["prompt_strict"]["only_after"], delta["prompt_strict"]["only_before"]) == (36, 20)  # as ANALYSIS says
+    assert f"| {sft['eos_rate']:.3f} | {raft['eos_rate']:.3f} |" in ANALYSIS
+    postscript = [s["by_instruction_strict"]["detectable_content:postscript"]["accuracy"] for s in (sft, raft)]
+    assert f"the P.S. {postscript[0]:.3f} → {postscript[1]:.3f}" in ANALYSIS
+
+
+def test_xstest_as_published(raft_vs_sft):
+    result = raft_vs_sft["xstest"]
+    (sft, raft), delta = result["summaries"], result["change"]
+    for key in ("safe_compliance", "unsafe_refusal"):
+        row = f"| {interval(sft[key], 'rate')} | {interval(raft[key], 'rate')} | {change(delta[key])} |"
+        assert row in ANALYSIS, key
+    readme = f"{sft['safe_compliance']['rate']:.3f} → {raft['safe_compliance']['rate']:.3f}"
+    assert f"({readme}, {change(delta['safe_compliance'])})" in README
+
+
+def test_the_refusal_judges_agreement_with_the_hand_labels_as_published(tmp_path):
+    labels = tmp_path / "labels"
+    shutil.copytree(RESULTS / "refusal-labels", labels)
+    held_out = script("refusal_labels").score_sheet(labels)["held_out"]
+    recall, precision = held_out["refusal"]["recall"], held_out["refusal"]["precision"]
+    published = (
+        f"agreement {interval(held_out['agreement'], 'rate')}, kappa {held_out['kappa']:.3f}, refusal recall "
+        f"{recall['hits']}/{recall['n']}"
+    )
+    assert published in ANALYSIS and f"and precision {precision['hits']}/{precision['n']}" in ANALYSIS
+    assert (RESULTS / "refusal-labels" / "agreement.json").read_text() == (labels / "agreement.json").read_text()
