@@ -6,8 +6,9 @@
 Copies what a number in README or ANALYSIS is computed from, never weights: summary.json, every stage's
 config.yaml and results.json, data/stats.json, eval's per-prompt verdicts (win_rates.json, suites/*.jsonl,
 benchmarks/*.jsonl), the RL stages' held-out samples (eval_samples.jsonl), every stage's logged metrics
-(metrics.jsonl, its curves), and part4_eval/benchmarks.py's benchmarks.json with its answers. A file over --max-mb is left out and named. Writes MANIFEST.json: each file's
-size and sha256, the source folder and the command.
+(metrics.jsonl, its curves), and part4_eval/benchmarks.py's benchmarks.json with its answers. A file over
+--max-mb is left out and named. Writes MANIFEST.json: each file's size and sha256, the source folder and the
+command.
 """
 
 from __future__ import annotations
