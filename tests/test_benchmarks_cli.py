@@ -31,7 +31,9 @@ CHAT_TEMPLATE = (
 @pytest.mark.skipif(not NO_VLLM, reason="vLLM is installed here")
 def test_vllm_missing_is_one_line_in_this_commands_options(tmp_path):
     with pytest.raises(
-        UserError, match=r"^benchmarks: --engine vllm but vLLM is not installed; .* or set --engine hf$"
+        UserError,
+        match=r"^benchmarks: --engine vllm but vLLM is not installed here; .* build \.venv-vllm with RLHF_VLLM=1 .* "
+        r"and run this with \.venv-vllm/bin/python, .* or set --engine hf$",
     ):
         benchmarks.parse_args(["--model", "m", "--output", str(tmp_path), "--engine", "vllm"])
 

@@ -38,6 +38,7 @@ OVERRIDES = [
     "grpo.max_new_tokens=8",
     "grpo.eval_prompts=2",
     "eval.max_new_tokens=8",
+    "rollout.engine=hf",  # the preset's vllm is in .venv-vllm; the main suite's environment has none
 ]
 
 

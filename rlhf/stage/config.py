@@ -36,6 +36,9 @@ class RunConfig:
     output_dir: str | None = None  # run folder; default outputs/<preset>
     mixed_precision: str = "no"  # "no" | "bf16" | "fp16" (passed to accelerate; bf16 on GPU)
     log_every: int = 10  # optimizer steps between metric lines
+    # the stages `bash run_all.sh` runs when neither --only nor --from is given, comma-separated ("": every stage,
+    # collect and judge_rm where the config needs them); a preset that trains one method names its stages here
+    stages: str = ""
 
 
 @dataclass
