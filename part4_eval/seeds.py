@@ -50,7 +50,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
-from rlhf.analysis.seeds import FEW_SEEDS, aggregate_seed_runs
+from rlhf.analysis.seeds import FEW_SEEDS, SCOPE_DIRS, aggregate_seed_runs
 from rlhf.core.errors import UserError
 from rlhf.pipeline.launch import launcher_command
 from rlhf.pipeline.stage_process import preload, run_stage_script
@@ -63,8 +63,7 @@ from rlhf.stage.run import METHOD_STAGES, STAGE_SCRIPTS, RunDir, collect_needed,
 SEED_EVAL_OVERRIDES = ["eval.suites=false", "eval.judges=gold,reward", "eval.best_of_n=1", "eval.best_of_n_prompts=1"]
 UPSTREAM_SECTIONS = ("data", "sft", "collect", "reward_model")  # summary.json sections of the linked stages
 TAIL_LINES = 15  # of a failed stage's log, shown on the console
-SCOPES = ("methods", "pipeline")
-SCOPE_DIRS = {"methods": "seeds", "pipeline": "pipeline_seeds"}  # under the run folder
+SCOPES = tuple(SCOPE_DIRS)
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -235,7 +234,9 @@ def main(argv: list[str] | None = None) -> None:
     spread["seed_eval_overrides"] = SEED_EVAL_OVERRIDES
     spread["interval"] = (
         "mean over seeds x prompts ± t(0.975, Satterthwaite df) · SE, SE² = (MS_seed + MS_prompt − MS_resid) / (nK), "
-        "two-way random-effects ANOVA, zero-truncated components (rlhf/analysis/seeds.py)"
+        "two-way random-effects ANOVA, zero-truncated components; p_value tests 0.5 with the same SE on at most "
+        "K − 1 df where the seed component is zero; p_holm within its family, p_holm_all over all "
+        "(rlhf/analysis/seeds.py)"
     )
     write_json_atomic(seeds_dir / "summary.json", spread)
     for method, block in spread["win_rate_vs_sft"].items():

@@ -19,6 +19,10 @@ def test_publish_copies_results_not_weights_and_names_what_it_left_out(tmp_path)
         "eval/benchmarks/ifeval.jsonl": '{"key": "1"}\n',
         "eval/responses/sft.jsonl": "{}\n",
         "eval/win_rates.json": "x" * 3000,
+        "pipeline_seeds/summary.json": "{}",
+        "pipeline_seeds/seed_1/eval/responses/ppo.jsonl": "{}\n",
+        "pipeline_seeds/seed_1/ppo/model/model.safetensors": "weights",
+        "seeds/logs/seed_1_ppo.log": "a log",
     }.items():
         (run / relative).parent.mkdir(parents=True, exist_ok=True)
         (run / relative).write_text(text)
@@ -35,6 +39,9 @@ def test_publish_copies_results_not_weights_and_names_what_it_left_out(tmp_path)
         "grpo/results.json",
         "grpo/eval_samples.jsonl",
         "eval/benchmarks/ifeval.jsonl",
+        "eval/responses/sft.jsonl",  # every model's answers, and the seed runs': what seed_tables.py recomputes
+        "pipeline_seeds/summary.json",
+        "pipeline_seeds/seed_1/eval/responses/ppo.jsonl",
     }
     assert manifest["left_out"] == ["eval/win_rates.json (0.0 MB)"]
     assert manifest["files"]["summary.json"]["sha256"] == hashlib.sha256(b'{"eval": {}}').hexdigest()

@@ -101,10 +101,16 @@ def test_student_t_two_sided_p_against_tables():
 
 
 def test_win_rate_block_tests_one_half_with_the_crossed_standard_error():
+    # grand mean 5/8; seed means ½, ¾; prompt means ¾, ¾, ¾, ¼; residuals ±3/8 and ∓1/8 (six of them):
+    # MS_seed = 4·2·(1/8)² = 1/8, MS_prompt = 2·(3·(1/8)² + (3/8)²) / 3 = 1/8, MS_resid = (2·9 + 6)/64 / 3 = 1/8.
+    # Neither component exceeds the residual: both truncate, V = MS_resid / (nK) = 1/64 (SE ⅛) on (K − 1)(n − 1)
+    # = 3 df for the interval, while the test takes K − 1 = 1 df: t = (5/8 − ½) / ⅛ = 1, p = 1 − 2·atan(1)/π = ½
     outcomes = np.array([[1, 0.5, 0.5, 0], [0.5, 1, 1, 0.5]])
     block, interval = win_rate_block(outcomes), crossed_mean_interval(outcomes)
-    t = (0.625 - 0.5) / float(interval["se"])
-    assert block["p_value"] == pytest.approx(float(student_t_two_sided_p(t, float(interval["df"]))))
+    assert block["variance"]["seed"] == 0.0 and block["df"] == pytest.approx(3.0) and block["p_df"] == 1
+    assert float(interval["se"]) == pytest.approx(1 / 8) and block["p_value"] == pytest.approx(0.5)
+    # the per-seed t test: mean 0.625, sd 0.25/√2, se = sd/√2 = 0.125, t = 1 on 1 df: p = 1 − 2·atan(1)/π = ½
+    assert block["p_per_seed"] == pytest.approx(0.5)
     assert win_rate_block(np.full((2, 3), 0.5))["p_value"] == 1.0  # all ties: no difference at all
     assert win_rate_block(np.ones((2, 3)))["p_value"] == 0.0  # every prompt won, no spread
 
@@ -150,6 +156,18 @@ def test_negative_components_are_truncated_to_zero():
     assert interval["var_seed"] == 0.0 and interval["var_prompt"] == pytest.approx((0.35 - 0.25) / 2)
     assert interval["se"] == pytest.approx(math.sqrt(0.35 / 10))
     assert interval["df"] == pytest.approx(4.0)
+    # the test of ½ does not borrow the prompts' 4 df for a seed variance estimated at zero: K − 1 = 1
+    block = win_rate_block(y)
+    assert block["df"] == pytest.approx(4.0) and block["p_df"] == 1
+    assert block["p_value"] == pytest.approx(1 - 2 * math.atan(0.1 / math.sqrt(0.035)) / math.pi)
+
+
+def test_a_positive_seed_component_keeps_satterthwaites_df_for_the_test():
+    y = np.array([[1.0, 0.5, 0.0], [1.0, 1.0, 0.5]])  # test_crossed_interval_by_hand: σ²_seed = 1/24, df = 100/41
+    block = win_rate_block(y)
+    assert block["variance"]["seed"] > 0 and block["p_df"] == pytest.approx(100 / 41)
+    t = (2 / 3 - 0.5) / math.sqrt(5 / 72)
+    assert block["p_value"] == pytest.approx(float(student_t_two_sided_p(t, 100 / 41)))
 
 
 def test_constant_outcomes_give_a_zero_width_interval():
@@ -206,7 +224,13 @@ def write_eval(folder: Path, scores: dict[str, list[float]], key: str = "gold_sc
     (folder / "eval" / "responses").mkdir(parents=True)
     for model, values in scores.items():
         rows = [
-            {"prompt": p, "response": f"{model} says {v}", "reward": v, **({key: v} if key == "gold_score" else {})}
+            {
+                "prompt": p,
+                "response": f"{model} says {v}",
+                "reward": v,
+                "kl": None if model == "sft" else v / 10,  # eval measures no KL of SFT to itself
+                **({key: v} if key == "gold_score" else {}),
+            }
             for p, v in zip(PROMPTS, values)
         ]
         rows = rows[::-1] if model in reverse else rows
@@ -233,6 +257,8 @@ def test_aggregation_of_fake_seed_runs_by_hand(tmp_path):
     assert head["per_seed"] == [0.5, 0.625] and head["mean"] == 0.5625 and head["tie_rate"] == 0.625
     # gold score and good-rate (score ≥ 0.8), SFT included
     assert summary["gold_score"]["dpo"]["per_seed"] == pytest.approx([0.625, 0.725])
+    assert summary["kl_to_ref"]["dpo"]["per_seed"] == pytest.approx([0.0625, 0.0725])  # the methods' answers' KL
+    assert set(summary["kl_to_ref"]) == {"dpo", "online_dpo"}
     assert summary["gold_good_rate"]["sft"]["per_seed"] == [0.5, 0.25]
     assert summary["gold_good_rate"]["online_dpo"]["per_seed"] == [0.5, 0.75]  # 0.8 itself is good
     # Holm within each family: the two comparisons with SFT, and the one head-to-head (alone: unadjusted)
@@ -241,6 +267,12 @@ def test_aggregation_of_fake_seed_runs_by_hand(tmp_path):
     assert ordered[0]["p_holm"] == pytest.approx(min(1.0, 2 * ordered[0]["p_value"]))
     assert ordered[1]["p_holm"] == pytest.approx(max(ordered[0]["p_holm"], ordered[1]["p_value"]))
     assert head["p_holm"] == head["p_value"]
+    # the sensitivity check: all three comparisons as one family
+    every = sorted([*vs_sft.values(), head], key=lambda b: b["p_value"])
+    running = 0.0
+    for rank, block in enumerate(every):
+        running = max(running, min(1.0, (3 - rank) * block["p_value"]))
+        assert block["p_holm_all"] == pytest.approx(running)
 
 
 def test_aggregation_without_gold_falls_back_to_the_reward_judge(tmp_path):
@@ -266,8 +298,9 @@ def test_aggregation_rejects_seed_runs_on_different_prompts(tmp_path):
 
 
 def fake_seeds_summary() -> dict:
-    def block(mean, low, high, values, sd=0.02, p_holm=None):
+    def block(mean, low, high, values, sd=0.02, p_holm=None, p_holm_all=None):
         holm = {} if p_holm is None else {"p_holm": p_holm}
+        holm |= {} if p_holm_all is None else {"p_holm_all": p_holm_all}
         return {"mean": mean, "ci95_low": low, "ci95_high": high, "per_seed": values, "sd": sd, "tie_rate": 0.7, **holm}
 
     return {
@@ -277,14 +310,16 @@ def fake_seeds_summary() -> dict:
         "methods": ["ppo", "dpo", "online_dpo"],
         "seeds": [{"method_seed": 0, "eval_seed": 1234, "folder": "."}, {"method_seed": 1, "eval_seed": 1235}],
         "win_rate_vs_sft": {
-            "ppo": block(0.55, 0.52, 0.58, [0.568, 0.532], p_holm=0.012),
+            "ppo": block(0.55, 0.52, 0.58, [0.568, 0.532], p_holm=0.012, p_holm_all=0.03),
             "dpo": block(0.53, 0.49, 0.57, [0.54, 0.52]),
             "online_dpo": block(0.56, 0.51, 0.61, [0.57, 0.55]),
         },
         "gold_score": {m: block(0.5 + i / 100, 0.45, 0.6, [0.5, 0.5]) for i, m in enumerate(["sft", "ppo", "dpo"])},
         "gold_good_rate": {"sft": block(0.493, 0.45, 0.53, [0.49, 0.5])},
+        "kl_to_ref": {"ppo": block(0.414, 0.3, 0.5, [0.4, 0.428])},
         "head_to_head": {
-            "dpo_vs_ppo": block(0.46, 0.43, 0.49, [0.45, 0.47], p_holm=0.03),
+            "dpo_vs_ppo": block(0.46, 0.43, 0.49, [0.45, 0.47], p_holm=0.03, p_holm_all=0.06),
+            "ppo_vs_online_dpo": block(0.45, 0.42, 0.48, [0.45, 0.46], p_holm=0.01, p_holm_all=0.02),
             "online_dpo_vs_dpo": block(0.53, 0.48, 0.58, [0.52, 0.54], p_holm=0.2),
             "raft_vs_dpo": block(0.54, 0.51, 0.57, [0.53, 0.55], p_holm=0.09),
         },
@@ -294,12 +329,17 @@ def fake_seeds_summary() -> dict:
 def test_the_report_shows_the_seed_spread():
     text = section_seeds(RunData(summary={}, seeds=fake_seeds_summary()))
     assert text.startswith("### Seed spread: the methods, on this run's data, SFT and reward model")
-    assert "| PPO | 0.550 [0.520, 0.580] | 0.012 | 0.020 | 0.568, 0.532 |" in text
-    assert "| SFT | (reference) | n/a | n/a | n/a | 0.500 [0.450, 0.600] | 0.493 [0.450, 0.530] |" in text
-    assert "| online DPO | 0.560 [0.510, 0.610] | n/a |" in text  # no p-value: n/a, not a guess
+    assert "| PPO | 0.550 [0.520, 0.580] | 0.012 | 0.030 | 0.020 | 0.568, 0.532 |" in text
+    assert "| SFT | (reference) | n/a | n/a | n/a | n/a | 0.500 [0.450, 0.600] | 0.493 [0.450, 0.530] |" in text
+    assert "| online DPO | 0.560 [0.510, 0.610] | n/a | n/a |" in text  # no p-value: n/a, not a guess
+    assert "| 0.568, 0.532 | 0.510 [0.450, 0.600] | n/a | 0.41 |" in text  # PPO's KL to SFT, its mean over seeds
+    assert "| SFT | (reference) |" in text and "| 0.493 [0.450, 0.530] | 0 |" in text
     # the headline pair first; each head-to-head's verdict is Holm's, not the unadjusted interval's
     assert text.index("online DPO vs DPO | 0.530") < text.index("DPO vs PPO | 0.460")
-    assert "| 0.700 | not separated (Holm p 0.2" in text and "| PPO better (Holm p 0.03" in text
+    assert "| 0.700 | not separated (Holm p 0.2" in text
+    # "better" needs both families: 3 with SFT and 4 head-to-heads make one family of 7
+    assert "| PPO better in its family (Holm p 0.030), not in one of all 7 (0.060) |" in text
+    assert "| online DPO better (Holm p 0.010; all 7: 0.020) |" in text
     assert "RAFT vs DPO | 0.540 [0.510, 0.570]" in text and "| not separated (Holm p 0.09" in text  # CI above ½
     assert "method seeds (0, 1;" in text and "`gold`" in text and "conditional on this run's data" in text
     assert "Only 2 seeds" in text  # fewer than 4: the interval is said to cover less
