@@ -73,3 +73,14 @@ def test_the_refusal_judges_agreement_with_the_hand_labels_as_published(tmp_path
     )
     assert published in ANALYSIS and f"and precision {precision['hits']}/{precision['n']}" in ANALYSIS
     assert (RESULTS / "refusal-labels" / "agreement.json").read_text() == (labels / "agreement.json").read_text()
+
+
+def test_the_tiny_headline_tables_as_published():
+    """README's Results table and ANALYSIS's headline tables are part4_eval/seed_tables.py's output, recomputed from
+    the four pipeline seeds' and four methods seeds' answers in results/tiny (it fails itself when a committed
+    summary.json no longer matches its answers)."""
+    tables = script("seed_tables").tables(RESULTS / "tiny")
+    assert set(tables) == {"pipeline", "methods"}
+    assert tables["pipeline"][0] in README
+    for table in [*tables["pipeline"], *tables["methods"]]:
+        assert table in ANALYSIS, table.splitlines()[0]
