@@ -193,21 +193,27 @@ def filter_and_split(
     return splits, lengths
 
 
-def no_test_warning(source: Source, n_test: int, eval_reads_it: bool) -> str | None:
+def no_test_warning(source: Source, n_test: int, eval_reads_it: bool, test_fraction: float) -> str | None:
     """The warning when a source gives no test rows: the reward stage's test accuracy (pairs) and eval (the
-    source it reads, `eval_reads_it`) then fall back to validation rows, which they would do without a word."""
+    source it reads, `eval_reads_it`) then fall back to validation rows, which they would do without a word.
+    `test_fraction`: data.test_fraction, the share a source without test files holds out."""
     effects = ["the reward model's test accuracy will be nan"] if source.what == "pairs" else []
     effects += ["eval will answer validation prompts, not held-out test ones"] if eval_reads_it else []
     if n_test or not effects:
         return None
-    local = is_local_source(source.path)
+    one_file = is_local_source(source.path) and Path(source.path).is_file()
     if source.raw["test"]:
         why = f"all {len(source.raw['test'])} of its test rows were dropped (see dropped)"
-    elif local:
-        why = "it has no test split (no file whose name contains 'test')"
+    elif test_fraction > 0:
+        why = f"no prompt fell in its test split (data.test_fraction={test_fraction:g}; too few prompts)"
+    elif one_file:
+        why = "it has no test split (a single file is split by data.test_fraction, which is 0)"
+    elif is_local_source(source.path):
+        why = "it has no test split (no file whose name contains 'test', and data.test_fraction is 0)"
     else:
         why = "the Hub dataset has no test or validation split"
-    fix = "add a file whose name contains 'test'" if local else "point it at a local folder with a test file"
+    folder = is_local_source(source.path) and not one_file
+    fix = "set data.test_fraction (e.g. 0.1)" + (", or add a file whose name contains 'test'," if folder else "")
     return f"[data] warning: {source.key} '{source.path}': {why}, so {' and '.join(effects)}; {fix} to hold one out"
 
 
@@ -342,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
         outputs[source.what] = splits, lengths, reasons
         eval_reads_demonstrations = cfg.eval.baseline == "reference" and cfg.data.sft_path is not None
         eval_reads_it = (source.what == "demonstrations") == eval_reads_demonstrations  # rlhf.data.heldout_references
-        if warning := no_test_warning(source, len(splits["test"]), eval_reads_it):
+        if warning := no_test_warning(source, len(splits["test"]), eval_reads_it, cfg.data.test_fraction):
             print(warning, file=sys.stderr)
     splits, lengths, reasons = outputs["pairs"]
 

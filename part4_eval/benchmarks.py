@@ -32,7 +32,9 @@ DEFAULT_PATHS = {"ifeval": ifeval.DEFAULT_PATH, "xstest": xstest.DEFAULT_PATH}
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter
+        prog="python part4_eval/benchmarks.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawTextHelpFormatter,
     )
     parser.add_argument("--model", required=True, help="checkpoint folder, Hub id, or GGUF file (pkg://module/f.gguf)")
     parser.add_argument("--output", type=Path, required=True, help="folder for the answers and benchmarks.json")

@@ -84,7 +84,9 @@ def table(result: dict, by_type: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python part4_eval/compare_benchmarks.py", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("first", type=Path, help="the baseline's benchmarks.py --output folder")
     parser.add_argument("second", type=Path, help="the other model's")
     parser.add_argument("--benchmarks", default="ifeval", help="comma-separated: ifeval, xstest")

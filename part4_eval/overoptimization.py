@@ -90,7 +90,7 @@ def csv(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None):
     parser = argparse.ArgumentParser(
-        prog="overoptimization.py",
+        prog="python part4_eval/overoptimization.py",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -49,7 +49,7 @@ PATTERNS = (
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python part4_eval/publish_results.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a run folder (--output-dir), or part4_eval/benchmarks.py's --output")
     parser.add_argument("dest", type=Path, help="where in results/ to put the copies (replaced whole)")
     parser.add_argument("--max-mb", type=float, default=5.0, help="leave out any file larger than this (MB)")

@@ -83,7 +83,7 @@ def tables(run: Path) -> dict[str, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python part4_eval/seed_tables.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="a published run folder (results/tiny) or a run's --output-dir")
     args = parser.parse_args(argv)
     for scope, markdown in tables(args.run).items():

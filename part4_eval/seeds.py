@@ -69,7 +69,9 @@ SCOPES = tuple(SCOPE_DIRS)
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """seeds.py's own flags, and the stage command line without --output-dir: [--preset NAME | --config FILE]
     followed by the overrides."""
-    parser = argparse.ArgumentParser(prog="seeds.py", description="Re-run the alignment stages with K seeds.")
+    parser = argparse.ArgumentParser(
+        prog="python part4_eval/seeds.py", description="Re-run the alignment stages with K seeds."
+    )
     parser.add_argument("--seeds", type=int, required=True, help="K: method seeds run.seed, ..., run.seed + K - 1")
     parser.add_argument(
         "--scope",

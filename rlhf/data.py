@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import statistics
 from collections import Counter
@@ -390,10 +391,11 @@ def load_raw_splits(path: str, key: str = "data.path", kind: str = "HH-format") 
     else:
         splits = _load_hub(path, key, kind)
     if not splits["train"]:
-        raise UserError(
-            f"{key} '{path}' has no training rows; give a non-empty {kind} file "
-            "(a file whose name contains 'test' is used as the test split)"
-        )
+        why, fix = "", f"give a non-empty {kind} file"
+        if splits["test"] and is_local_source(path):  # a folder of test files only
+            why = ": every file in it is a test file (its name contains 'test')"
+            fix = f"add a training file ({kind}) whose name does not contain 'test'"
+        raise UserError(f"{key} '{path}' has no training rows{why}; {fix}")
     return splits
 
 
@@ -507,9 +509,16 @@ def check_splits_not_empty(
     if n_train and n_val:
         return
     if n_train or n_val:
+        # Each prompt goes to val with probability val_fraction (a hash of its text, `prompt_split`), so about
+        # 3 / val_fraction prompts give val at least one with probability ~0.95.
+        kept = f"{n_train + n_val} {what} kept, all in {'train' if n_train else 'val'}"
+        if n_train:
+            need = f"about {math.ceil(3 / val_fraction)}" if val_fraction > 0 else "more"
+            fix = f"give {need} or more prompts, or raise data.val_fraction"
+        else:
+            fix = "lower data.val_fraction"
         empty = "val" if n_train else "train"
-        fix = "raise it (or give more prompts)" if empty == "val" else "lower it below 1"
-        raise UserError(f"{source}the {empty} split is empty with data.val_fraction={val_fraction}; {fix}")
+        raise UserError(f"{source}the {empty} split is empty with data.val_fraction={val_fraction} ({kept}); {fix}")
     counts = count_reasons(train_reasons)
     worst = max(counts, key=counts.get)
     raise UserError(

@@ -91,6 +91,33 @@ def test_a_stage_scripts_help_names_the_script_and_where_every_key_is(capsys):
     assert "rlhf/stage/config.py" in text and "section.key=value" in text
 
 
+def test_every_other_part4_script_names_the_command_a_user_types_in_its_help():
+    """`python part4_eval/seeds.py --help` printed `usage: seeds.py`: each tool script outside the stages now prints
+    the command as typed from the repository root (one interpreter runs them all)."""
+    tools = sorted(
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "part4_eval").glob("*.py")
+        if path.relative_to(REPO).as_posix() not in STAGE_SCRIPTS.values()
+    )
+    probe = (
+        "import contextlib, io, runpy, sys\n"
+        f"for script in {tools!r}:\n"
+        "    sys.argv = [script, '--help']\n"
+        "    out = io.StringIO()\n"
+        "    with contextlib.redirect_stdout(out):\n"
+        "        try:\n"
+        "            runpy.run_path(script, run_name='__main__')\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    print(script, '|', ' '.join(out.getvalue().split()[:3]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    usages = dict(line.split(" | ") for line in result.stdout.splitlines() if " | " in line)
+    assert len(tools) >= 7 and set(usages) == set(tools), result.stderr
+    for script, usage in usages.items():
+        assert usage == f"usage: python {script}", (script, usage)
+
+
 def test_every_stage_script_answers_help_and_config_errors_before_it_imports_torch():
     """`--help`, a mistyped flag, a config error and a setting that breaks the stage's own rules
     (`rlhf.methods.rules`) answer before the imports that take seconds (torch, transformers): each stage script run

@@ -603,7 +603,9 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
         "| PPO vs SFT | 0.625 | [0.512, 0.726] | 0.033 (Holm 0.066) | 0.588 [0.471, 0.695] | 50 / 30 / 0 | 80 | 0 |"
         in text
     )
-    assert "| PPO vs DPO | 0.600 | [0.489, 0.701] | 0.047 | 0.577 | 46 / 28 / 4 | 78 | 2 |" in text
+    # a head-to-head whose interval includes 0.5 is the heatmap's cell, not a table row (it repeated the heatmap)
+    assert "| PPO vs DPO |" not in text
+    assert "The other pairing, whose interval includes 0.5, is in the win-rate heatmap" in text
     assert "| PPO vs SFT | 0.812 | [0.710, 0.880] |" in text  # the reward judge's table
     assert "| PPO | 80 | 1.234 ± 0.700 | 4.567 ± 1.200 | 18.2 | 0.900 | 0.440 | n/a | 0.512 | 0.450 |" in text
     assert (
@@ -661,6 +663,9 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
     assert samples.index("### Sample 1: `arith`, gold scores from -1.000 to 1.000") < samples.index("### Sample 2:")
     assert "| DPO |  dpo says 8. | 0.800 | 8 | -1.000 |" in samples and "| PPO |  ppo says 2. and more |" in samples
     assert "### Sample 3" not in samples  # the other four prompts: every model scores the same
+    # beside the samples: what gold rewards and what it does not read, and each answer's verdict and deductions
+    assert "It reads only the stated answer" in samples and "| gold score | gold: why |" in samples
+    assert "| 1.000 | correct; repetition −0.5; no ending −0.3; verbosity −0.12 |" in samples
 
 
 def test_make_report_figures_are_valid_pngs_and_linked(reported):
@@ -991,7 +996,12 @@ def test_single_point_metrics_are_not_drawn_as_curves(tmp_path, monkeypatch):
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.append(fig))
     assert plots.plot_stage_curves({"sft": history}, plots.REPORT_CURVE_KEYS, tmp_path / "c.png")
-    assert [ax.get_title() for ax in drawn[0].axes] == ["sft/train/loss"]
+    assert [ax.get_title() for ax in drawn[0].axes] == ["sft: train loss"]
+    # every panel says what its axes hold (the grid had tiny titles and no axis labels)
+    assert [(ax.get_xlabel(), ax.get_ylabel()) for ax in drawn[0].axes] == [("optimizer step", "train loss")]
+    ppo = {"ppo": [{"step": s, "ppo/objective/kl": 0.1 * s} for s in (1, 2)]}
+    assert plots.plot_stage_curves(ppo, plots.REPORT_CURVE_KEYS, tmp_path / "c.png")
+    assert (drawn[1].axes[0].get_xlabel(), drawn[1].axes[0].get_ylabel()) == ("iteration", "KL to ref (nats)")
     assert not plots.plot_stage_curves({"sft": history[-1:]}, plots.REPORT_CURVE_KEYS, tmp_path / "c.png")
 
 

@@ -501,6 +501,11 @@ def test_eval_metrics_and_final_line_by_hand():
     assert final_line("grpo", results) == (
         "[grpo] RM score +0.250 (SFT -0.500), KL to ref 1.23 nats; gold 0.500 (SFT 0.375), gold win rate vs SFT 0.750"
     )
+    # a sampled KL below 0 printed bare ("KL to ref -0.01 nats") read as a bug; the console now says what it is
+    assert final_line("ppo", {**results, "kl_to_ref": -0.012}).startswith(
+        "[ppo] RM score +0.250 (SFT -0.500), KL to ref -0.01 nats (a sampled estimate: below 0 means no measurable "
+        "move from SFT); gold"
+    )
 
 
 def test_no_held_out_prompts_skip_every_evaluation(tmp_path):

@@ -108,6 +108,24 @@ REPORT_CURVE_KEYS = {
 }
 
 
+# What each report curve measures, as a panel's y-axis label (the key without its stage, for a key not listed).
+CURVE_LABELS = {
+    "train/loss": "train loss",
+    "val/loss": "validation loss",
+    "train/accuracy": "train accuracy",
+    "val/accuracy": "validation accuracy",
+    "objective/scores": "reward of samples",
+    "objective/kl": "KL to ref (nats)",
+    "objective/rlhf_reward": "reward − β·KL",
+    "objective/zero_std_groups": "share of groups, equal rewards",
+    "selected/score_mean": "reward of kept samples",
+    "responses/length_mean": "response tokens (mean)",
+    "train/rewards/accuracies": "train pair accuracy",
+    "val/rewards/accuracies": "validation pair accuracy",
+    "train/rewards/margins": "train reward margin",
+}
+ITERATION_STAGES = ("ppo", "grpo", "raft", "online_dpo")  # their metrics are logged per iteration (RAFT: round)
+
 POINT_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*", "<", ">")
 
 
@@ -291,7 +309,7 @@ def plot_stage_curves(
     if not rows:
         return False
     cols = max(len(present) for _, present in rows)
-    fig, axes = plt.subplots(len(rows), cols, figsize=(3.6 * cols, 2.6 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), cols, figsize=(4.2 * cols, 3.2 * len(rows)), squeeze=False)
     for r, (stage, present) in enumerate(rows):
         history = histories[stage]
         for c in range(cols):
@@ -302,12 +320,13 @@ def plot_stage_curves(
             key = present[c]
             points = [(row["step"], row[key]) for row in history if key in row and "step" in row]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None)
-            ax.set_title(key, fontsize=8)
-            ax.tick_params(labelsize=7)
+            metric = key.partition("/")[2]
+            ax.set_title(f"{(titles or {}).get(stage, stage)}: {CURVE_LABELS.get(metric, metric)}", fontsize=11)
+            ax.set_xlabel("iteration" if stage in ITERATION_STAGES else "optimizer step", fontsize=9)
+            ax.set_ylabel(CURVE_LABELS.get(metric, metric), fontsize=9)
+            ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)
-            if c == 0:
-                ax.set_ylabel((titles or {}).get(stage, stage), fontsize=10)
-    fig.suptitle("Training curves (x: optimizer step; PPO/GRPO: iteration)")
+    fig.suptitle("Training curves, one row per stage", fontsize=13)
     _save(fig, path)
     return True
 

@@ -297,7 +297,7 @@ class OnlineStage:
                 f"SFT ({self.stage}.eval_prompts)",
                 flush=True,
             )
-        results, eval_samples = self.held_out.against_sft(policy, sft_policy)
+        results, eval_samples = self.held_out.against_sft(policy, sft_policy, self.stage)
         results.update({**summary, **costs, "frozen_roles_unchanged": True})
         self.logger.log(self.iteration, eval_metrics(self.stage, results))
         publish_rl(

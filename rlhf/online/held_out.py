@@ -159,7 +159,7 @@ class HeldOut:
     accelerator: object
     gold: bool
 
-    def _sample(self, policy, reference=None) -> dict[str, list]:
+    def _sample(self, policy, reference=None, desc: str | None = None) -> dict[str, list]:
         return sample_for_eval(
             self.engine,
             policy,
@@ -171,6 +171,7 @@ class HeldOut:
             self.reward_model,
             self.accelerator,
             reference=reference,
+            desc=desc,
         )
 
     def metrics(self, stage: str, policy, sft_policy) -> dict[str, float]:
@@ -182,13 +183,14 @@ class HeldOut:
             stage, summarize_samples(self.prompts.eval_texts, samples, self.gold, self.prompts.eval_fields)
         )
 
-    def against_sft(self, policy, sft_policy) -> tuple[dict, list[dict]]:
+    def against_sft(self, policy, sft_policy, stage: str | None = None) -> tuple[dict, list[dict]]:
         """The final policy against the SFT policy, both with the same seeds -> (the `compare_with_sft` summary,
-        per-prompt `eval_rows` for eval_samples.jsonl); ({"eval_prompts": 0}, []) without held-out prompts."""
+        per-prompt `eval_rows` for eval_samples.jsonl); ({"eval_prompts": 0}, []) without held-out prompts.
+        `stage` names the two progress bars (None: no bars)."""
         if not self.prompts.eval_ids:
             return {"eval_prompts": 0}, []
-        policy_eval = self._sample(policy, sft_policy)
-        sft_eval = self._sample(sft_policy)
+        policy_eval = self._sample(policy, sft_policy, desc=stage and f"[{stage}] held-out: the policy")
+        sft_eval = self._sample(sft_policy, desc=stage and f"[{stage}] held-out: SFT")
         results = compare_with_sft(
             self.prompts.eval_texts, policy_eval, sft_eval, gold=self.gold, fields=self.prompts.eval_fields
         )
@@ -213,6 +215,8 @@ def final_line(stage: str, results: dict) -> str:
         f"[{stage}] RM score {results['reward_mean']:+.3f} (SFT {results['sft_reward_mean']:+.3f}), "
         f"KL to ref {results['kl_to_ref']:.2f} nats"
     )
+    if results["kl_to_ref"] < 0:  # the report's footnote, where the console reader sees the number
+        line += " (a sampled estimate: below 0 means no measurable move from SFT)"
     if "gold_score_mean" in results:
         line += (
             f"; gold {results['gold_score_mean']:.3f} (SFT {results['sft_gold_score_mean']:.3f}), "

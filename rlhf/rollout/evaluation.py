@@ -28,6 +28,7 @@ def sample_for_eval(
     reference=None,
     stream: int = EVAL_STREAM,
     sampler_logprobs: bool = False,
+    desc: str | None = None,
 ) -> dict[str, list]:
     """Sample one response per prompt from `policy` through `engine` (`rlhf.rollout.engines`) and score it with the
     reward model (None: rewards of 0); with `reference`, also the sequence KL of each response to it. The prompts are
@@ -35,7 +36,7 @@ def sample_for_eval(
     so two policies see the same random numbers and the results do not depend on the number of processes.
     `sampler_logprobs`: the policy's log-probs for the KL from the sampler's own logits where they are the policy's
     (below), not a forward pass; then a policy identical to the reference gets a KL within ~1e-4 of 0 rather than
-    exactly 0.
+    exactly 0. `desc` names a progress bar over the batches (None: none).
     -> per-prompt lists: responses, response_ids (EOS included), rewards, lengths, finished, kl."""
     policy.eval()
     engine.load(policy)
@@ -85,7 +86,7 @@ def sample_for_eval(
         ]
 
     seeds = sampling_seeds(seed, stream, range(len(prompt_ids)))
-    items = forward_map(one_batch, list(zip(seeds, prompt_ids)), batch_size, accelerator)
+    items = forward_map(one_batch, list(zip(seeds, prompt_ids)), batch_size, accelerator, desc=desc)
     return {
         "responses": [i["response"] for i in items],
         "response_ids": [i["response_ids"] for i in items],

@@ -97,7 +97,38 @@ def test_every_row_a_tie_says_why_nothing_is_usable(capsys, run_dir, tmp_path):
 def test_validation_share_that_empties_a_split(capsys, run_dir, tmp_path):
     path = write_lines(tmp_path / "hh.jsonl", GOOD)
     message = fail_in_process(capsys, DATA, run_dir, f"data.path={path}", "data.val_fraction=0")
-    assert_problem_and_fix(message, "the val split is empty with data.val_fraction=0.0", "raise it")
+    assert_problem_and_fix(message, "the val split is empty with data.val_fraction=0.0", "raise data.val_fraction")
+    assert_nothing_lost(run_dir, "data")
+
+
+def test_too_few_prompts_for_a_validation_split_says_how_many_were_read_and_how_many_it_needs(
+    capsys, run_dir, tmp_path
+):
+    """Five TRL-format rows gave "the val split is empty with data.val_fraction=0.1; raise it (or give more
+    prompts)": not how many were read, nor how many it takes."""
+    rows = [{"prompt": f"Question {i}?", "chosen": "A good answer.", "rejected": "No."} for i in range(5)]
+    path = write_lines(tmp_path / "five.jsonl", rows)
+    message = fail_in_process(capsys, DATA, run_dir, f"data.path={path}", "data.val_fraction=0.1")
+    assert_problem_and_fix(
+        message,
+        ["the val split is empty with data.val_fraction=0.1", "5 pairs kept, all in train"],
+        "give about 30 or more prompts, or raise data.val_fraction",
+    )
+    assert_nothing_lost(run_dir, "data")
+
+
+def test_a_folder_of_test_files_only_says_to_add_a_training_file(capsys, run_dir, tmp_path):
+    """The empty-source message said "a file whose name contains 'test' is used as the test split" after every
+    empty file, where docs/data.md says a single file is the whole source whatever its name."""
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    write_lines(folder / "test.jsonl", GOOD[:10])
+    message = fail_in_process(capsys, DATA, run_dir, f"data.path={folder}")
+    assert_problem_and_fix(
+        message,
+        "has no training rows: every file in it is a test file",
+        "add a training file (HH-format) whose name does not contain 'test'",
+    )
     assert_nothing_lost(run_dir, "data")
 
 
@@ -146,9 +177,9 @@ def test_skipped_rows_are_named_by_line_and_a_missing_test_split_is_said_once(ca
         f"the first at {path}:12, {path}:63"
     ) in err
     assert (
-        f"[data] warning: data.path '{path}': it has no test split (no file whose name contains 'test'), so the "
-        "reward model's test accuracy will be nan and eval will answer validation prompts, not held-out test ones; "
-        "add a file whose name contains 'test' to hold one out"
+        f"[data] warning: data.path '{path}': it has no test split (a single file is split by data.test_fraction, "
+        "which is 0), so the reward model's test accuracy will be nan and eval will answer validation prompts, not "
+        "held-out test ones; set data.test_fraction (e.g. 0.1) to hold one out"
     ) in err
     assert err.count("test split") == 1
     # past data.max_invalid_fraction the error names the lines too
