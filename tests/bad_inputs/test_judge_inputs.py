@@ -277,3 +277,43 @@ def test_an_llm_judge_that_never_answers_stops_once_and_is_reported_failed_not_a
     subprocess.run([*report_command, "--config", str(eval_run / "eval" / "config.yaml")], cwd=REPO, check=True)
     report = (eval_run / "report.md").read_text()
     assert "gave no verdicts: `openai` (failed (" in report and "#### Judge: `openai`" not in report
+
+
+@pytest.mark.slow  # a stage process (seconds): out of the unit run
+def test_an_llm_judge_over_a_flaky_connection_keeps_every_verdict_it_gave(server, eval_run):
+    """Issue 55: a server that cut some answers off mid-body, stalled others past the client's timeout and answered
+    others with no verdict made eval stop the judge when one batch (a pairing's requests) all failed ("every request
+    of a batch failed") and drop all its verdicts from summary.json. A judge that answers most requests is a judge:
+    its win rates stay, and the failures are counted beside them. Which request fails is fixed by a hash of its text
+    and its place in the stream (no retries), so the run is repeatable."""
+    import zlib
+
+    PAIRING_REQUESTS = 2 * 6  # both orders of eval.num_prompts=6
+
+    answer = server.respond
+
+    def flaky_answer(user, attempt, auth, model):
+        status, payload, delay = answer(user, attempt, auth, model)
+        kind = zlib.crc32(user.encode()) % 8
+        if kind == 1:  # stalls past judge.timeout_s
+            delay = 1.5
+        elif kind == 2:  # an answer that is no verdict
+            payload = server.completion(model, "Both responses have merits and I cannot decide.")
+        return status, payload, delay
+
+    def broken_off(user, attempt):  # the body breaks off half-way: some requests, and a burst of them
+        burst = PAIRING_REQUESTS < len(server.requests) <= 2 * PAIRING_REQUESTS  # the whole second pairing
+        return burst or zlib.crc32(user.encode()) % 8 == 0
+
+    server.respond = flaky_answer
+    server.cut_off = broken_off
+    run_eval(eval_run, server, "eval.judges=gold,openai", "judge.max_retries=0", "judge.timeout_s=0.5")
+    evaluation = json.loads((eval_run / "summary.json").read_text())["eval"]
+    info = evaluation["judges"]["openai"]
+    assert not str(info.get("status", "")).startswith("failed"), info
+    assert info["n_failed"] >= PAIRING_REQUESTS // 2, info  # the burst, at least
+    assert info["n_judgments"] > info["n_invalid"] + 1, info  # most were answered
+    rates = evaluation["win_rates"]["openai"]
+    assert rates and set(rates) == set(evaluation["win_rates"]["gold"])  # every pairing, as gold's
+    assert sum(entry["n"] == 0 for entry in rates.values()) == 1  # verdicts in every win rate but the burst's
+    assert sum(entry["n_invalid"] for entry in rates.values()) > 0  # the failures are counted, not hidden
