@@ -565,6 +565,8 @@ def section_suites(data: RunData, limit: int = 160) -> str:
             "",
             code_block(prompt, 400),
             "",
+            f"Each model's answer to this `{suite}` prompt, with its reward-model score:",
+            "",
             markdown_table(["model", "response", "RM reward"], table_rows, "llr"),
         ]
     return "\n".join(lines)

@@ -611,8 +611,10 @@ def section_reward_model(data: RunData) -> str:
             "",
             code_block(example.get("prompt", ""), 600),
             "",
+            "The pair: the response the label prefers, which the reward model scored lower, and the other one.",
+            "",
             markdown_table(
-                ["", "response"],
+                ["response", "text"],
                 [
                     ["chosen (label)", escape_cell(example.get("chosen"), 300)],
                     ["rejected", escape_cell(example.get("rejected"), 300)],
