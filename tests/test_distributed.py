@@ -280,8 +280,21 @@ PIPELINE_OVERRIDES = [
     *(override for stage in OVERRIDES for override in OVERRIDES[stage]),
 ]
 DOCUMENTED_LAUNCH = "accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2"  # docs/scaling.md
-FSDP_LAUNCH = "accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 2 --main_process_port 29523"
+# A port of its own (tests/test_fsdp.py has 29523): the two files may run at once on two workers.
+FSDP_LAUNCH = "accelerate launch --config_file configs/accelerate/fsdp.yaml --num_processes 2 --main_process_port 29529"
 FSDP_STAGES = ("sft", "reward", "dpo", "grpo")  # the stages that shard what they train (docs/scaling.md)
+
+
+def failure_report(result: subprocess.CompletedProcess) -> str:
+    """The end of a failed launch's output, and every line of its stderr that names an error: a rank that aborts
+    prints why (a C++ `terminate called ...`, a gloo error) well above the launcher's closing traceback, which alone
+    fills the last few thousand characters."""
+    errors = [
+        line
+        for line in result.stderr.splitlines()
+        if any(word in line for word in ("Error", "error:", "terminate", "abort", "Abort", "what():", "Exception"))
+    ]
+    return "\n".join([result.stdout[-3000:], "--- error lines of stderr ---", *errors[-40:], result.stderr[-3000:]])
 
 
 @pytest.fixture(scope="module")
@@ -308,7 +321,7 @@ def pipelines(tmp_path_factory):
             result = subprocess.run(
                 [*command, *PIPELINE_OVERRIDES], capture_output=True, text=True, cwd=REPO, timeout=1800, env=env
             )
-            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+            assert result.returncode == 0, failure_report(result)
             runs[name] = (result, len(server.requests) - before)
     finally:
         server.close()
