@@ -5,6 +5,7 @@ the data no longer gives."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 
 import pytest
@@ -84,3 +85,18 @@ def test_the_tiny_headline_tables_as_published():
     assert tables["pipeline"][0] in README
     for table in [*tables["pipeline"], *tables["methods"]]:
         assert table in ANALYSIS, table.splitlines()[0]
+
+
+def test_where_the_reward_model_is_wrong_as_published():
+    """ANALYSIS's breakdown of the reward model's agreement with gold on the sealed run's answers, by what separates
+    the two responses in gold, is the committed summary's."""
+    summary = json.loads((RESULTS / "tiny" / "summary.json").read_text())
+    agreement = summary["eval"]["judge_agreement"]["reward_vs_gold"]
+    assert f"0.643 of the {agreement['n_decisive']:,} decisive comparisons" in ANALYSIS
+    assert f"{agreement['agreement_decisive']:.3f}" == "0.643"
+    text = " ".join(ANALYSIS.split())
+    words = {"capability": "capability differences (a right against a wrong answer)", "verbosity": "verbosity alone"}
+    words |= {"content": "other content", "flags": "flagged mistakes"}
+    for key, said in words.items():
+        entry = agreement["by_gold_difference"][key]
+        assert f"{said} {entry['agreement_decisive']:.3f}" in text and f"(n = {entry['n_decisive']})" in text, key

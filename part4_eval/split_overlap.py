@@ -1,0 +1,67 @@
+"""How many of the prompts eval answers occur in another run's test split, and in the run's own training and
+validation splits: the check that a new test split shares no prompt with training, and how much of it an earlier
+test split (one that settings were chosen on) already held.
+
+    python part4_eval/split_overlap.py RUN OTHER_RUN [--prompts N]
+
+RUN and OTHER_RUN are run folders whose data stage completed (e.g. the tiny preset as it is, and the same preset
+with `data.embedded.test_seed=0`, the old test: `bash run_all.sh --preset tiny --output-dir outputs/tiny-old-test
+--only data data.embedded.test_seed=0`). The prompts are eval's: RUN's first N distinct test prompts in file order
+(`rlhf.data.heldout_references`, as part4_eval/evaluate.py takes them; N defaults to the eval.num_prompts of RUN's
+data config). Prints one line per comparison and the counts as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: rlhf from this checkout
+
+from rlhf.core.errors import UserError
+from rlhf.data import heldout_references, read_jsonl, unique_prompts
+from rlhf.stage.cli import run_stage
+from rlhf.stage.config import load_config
+
+
+def split_prompts(run: Path, split: str) -> set[str]:
+    """The distinct prompts of one split of a run's data stage."""
+    return set(unique_prompts(read_jsonl(run / "data" / f"{split}.jsonl")))
+
+
+def overlap(run: Path, other: Path, n_prompts: int | None) -> dict:
+    """Counts: eval's prompts of `run`, and how many of them are in `other`'s test split and in `run`'s train and
+    val splits."""
+    for folder in (run, other):
+        if not (folder / "data" / "complete.json").is_file():
+            raise UserError(f"{folder} has no completed data stage; run `bash run_all.sh --only data ...` for it first")
+    if n_prompts is None:
+        n_prompts = load_config(run / "data" / "config.yaml").eval.num_prompts
+    evaluated = list(heldout_references(run / "data", separate=False))[:n_prompts]
+    in_other_test = sum(prompt in split_prompts(other, "test") for prompt in evaluated)
+    return {
+        "evaluated_prompts": len(evaluated),
+        "in_other_test": in_other_test,
+        "in_train": sum(prompt in split_prompts(run, "train") for prompt in evaluated),
+        "in_val": sum(prompt in split_prompts(run, "val") for prompt in evaluated),
+        "distinct_test_prompts": len(split_prompts(run, "test")),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python part4_eval/split_overlap.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="the run whose evaluated prompts are checked")
+    parser.add_argument("other", type=Path, help="a run whose test split they are compared with")
+    parser.add_argument("--prompts", type=int, help="how many of the test prompts eval answers (default: RUN's)")
+    args = parser.parse_args(argv)
+    counts = overlap(args.run, args.other, args.prompts)
+    n = counts["evaluated_prompts"]
+    print(f"{counts['in_other_test']} of the {n} evaluated prompts of {args.run} are in {args.other}'s test split")
+    print(f"{counts['in_train']} of them are in its train split and {counts['in_val']} in its val split")
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    run_stage(main)
