@@ -103,13 +103,17 @@ def test_model_names_order_and_pairings():
 
 def test_win_rate_matrix_fills_mirrors_as_one_minus():
     names, cells = R.win_rate_matrix(
-        {"ppo_vs_sft": {"win_rate": 0.75}, "dpo_vs_sft": {"win_rate": 0.5}, "ppo_vs_dpo": {"win_rate": None}}
+        {
+            "ppo_vs_sft": {"win_rate": 0.75, "ci95_low": 0.625, "ci95_high": 0.875},
+            "dpo_vs_sft": {"win_rate": 0.5},
+            "ppo_vs_dpo": {"win_rate": None},
+        }
     )
     assert names == ["sft", "ppo", "dpo"]
     sft, ppo, dpo = 0, 1, 2
-    assert cells[ppo][sft] == (0.75, True)
-    assert cells[sft][ppo] == (0.25, False)  # 1 - 0.75: ties count half on both sides, so this is exact
-    assert cells[sft][dpo] == (0.5, False)
+    assert cells[ppo][sft] == (0.75, True, (0.625, 0.875))
+    assert cells[sft][ppo] == (0.25, False, (0.125, 0.375))  # 1 - 0.75 and the interval mirrored: exact, ties halved
+    assert cells[sft][dpo] == (0.5, False, None)  # no interval recorded
     assert cells[ppo][dpo] is None and cells[dpo][ppo] is None  # not judged (None win rate): n/a
     assert cells[sft][sft] is None
 
@@ -603,9 +607,9 @@ def test_make_report_writes_the_report_from_the_fixture(reported):
         "| PPO vs SFT | 0.625 | [0.512, 0.726] | 0.033 (Holm 0.066) | 0.588 [0.471, 0.695] | 50 / 30 / 0 | 80 | 0 |"
         in text
     )
-    # a head-to-head whose interval includes 0.5 is the heatmap's cell, not a table row (it repeated the heatmap)
+    # a head-to-head between two methods is the heatmap's cell, with its interval, not a table row (it repeated it)
     assert "| PPO vs DPO |" not in text
-    assert "The other pairing, whose interval includes 0.5, is in the win-rate heatmap" in text
+    assert "The head-to-head between the two other models is in the win-rate heatmap" in text
     assert "| PPO vs SFT | 0.812 | [0.710, 0.880] |" in text  # the reward judge's table
     assert "| PPO | 80 | 1.234 ± 0.700 | 4.567 ± 1.200 | 18.2 | 0.900 | 0.440 | n/a | 0.512 | 0.450 |" in text
     assert (

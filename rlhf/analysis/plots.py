@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 
 def _save(fig, path: Path) -> None:
@@ -124,7 +125,7 @@ CURVE_LABELS = {
     "val/rewards/accuracies": "validation pair accuracy",
     "train/rewards/margins": "train reward margin",
 }
-ITERATION_STAGES = ("ppo", "grpo", "raft", "online_dpo")  # their metrics are logged per iteration (RAFT: round)
+X_AXIS = {"ppo": "iteration", "grpo": "iteration", "raft": "round", "online_dpo": "iteration"}  # else optimizer step
 
 POINT_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*", "<", ">")
 
@@ -240,8 +241,9 @@ def plot_model_lengths(lengths: dict[str, list[float]], path: Path, budget: floa
 def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], path: Path) -> bool:
     """One heatmap per judge: cell (row A, column B) = win rate of A vs B.
 
-    matrices: judge -> (labels, cells) with cells[i][j] None (not judged: "n/a") or (win_rate, measured),
-    where measured=False marks a value derived as 1 - the mirrored pairing (drawn in italics).
+    matrices: judge -> (labels, cells) with cells[i][j] None (not judged: "n/a") or (win_rate, measured, interval),
+    where measured=False marks a value derived as 1 - the mirrored pairing (drawn in italics) and interval is the
+    95% interval (low, high), drawn under the rate, or None.
     """
     matrices = {judge: m for judge, m in matrices.items() if m[0]}
     if not matrices:
@@ -252,7 +254,7 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
     fig, axes = plt.subplots(
         len(matrices),
         1,
-        figsize=(1.0 * size + 3.0, (0.8 * size + 1.6) * len(matrices) + 0.6),
+        figsize=(1.3 * size + 3.0, (1.0 * size + 1.6) * len(matrices) + 0.6),
         squeeze=False,
         layout="constrained",
     )
@@ -268,15 +270,17 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
                 if cell is None:
                     ax.text(j, i, "n/a", ha="center", va="center", fontsize=9, color="0.5")
                 else:
+                    rate, measured, interval = cell
+                    text = f"{rate:.2f}" + (f"\n[{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
                     ax.text(
                         j,
                         i,
-                        f"{cell[0]:.2f}",
+                        text,
                         ha="center",
                         va="center",
-                        fontsize=11,
-                        style="normal" if cell[1] else "italic",
-                        color="white" if abs(cell[0] - 0.5) > 0.3 else "black",
+                        fontsize=9 if interval else 11,
+                        style="normal" if measured else "italic",
+                        color="white" if abs(rate - 0.5) > 0.3 else "black",
                     )
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=10)
@@ -286,7 +290,9 @@ def plot_win_rate_heatmaps(matrices: dict[str, tuple[list[str], list[list]]], pa
         ax.set_ylabel("A")
         ax.set_title(f"judge: {judge}", fontsize=10)
     fig.colorbar(image, ax=axes, shrink=0.8, label="win rate of A vs B")
-    fig.suptitle("Win rates (ties count half; italics: 1 − the measured mirror pairing)", fontsize=10)
+    fig.suptitle(
+        "Win rates with their 95% intervals (ties count half; italics: 1 − the measured mirror pairing)", fontsize=10
+    )
     tmp = path.with_name(
         path.stem + ".tmp.png"
     )  # constrained layout, not _save's tight_layout: it places the shared colorbar
@@ -322,7 +328,8 @@ def plot_stage_curves(
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None)
             metric = key.partition("/")[2]
             ax.set_title(f"{(titles or {}).get(stage, stage)}: {CURVE_LABELS.get(metric, metric)}", fontsize=11)
-            ax.set_xlabel("iteration" if stage in ITERATION_STAGES else "optimizer step", fontsize=9)
+            ax.set_xlabel(X_AXIS.get(stage, "optimizer step"), fontsize=9)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and rounds are whole numbers
             ax.set_ylabel(CURVE_LABELS.get(metric, metric), fontsize=9)
             ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)

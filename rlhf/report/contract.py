@@ -110,7 +110,7 @@ FIGURES = (  # key, title, what to look for
     (
         "training_curves",
         "Training curves of every stage",
-        "A fixed set of metrics per stage, against optimizer step (the online stages: iteration, RAFT's a round); "
+        "A fixed set of metrics per stage, against optimizer step (PPO, GRPO, online DPO: iteration; RAFT: round); "
         "absent metrics are skipped, "
         "and so are those logged once (final validation numbers such as `sft/val/loss`): their values are in the "
         "[Training](#training) table.",

@@ -157,6 +157,9 @@ def section_gold_breakdown(data: RunData) -> str:
     return "\n".join(lines)
 
 
+REFERENCES = {"sft", "chosen", "reference"}  # the models a method is compared with, not ranked against
+
+
 def section_win_rates(data: RunData) -> str:
     win_rates = get_path(data.summary, "eval.win_rates", {}) or {}
     judges_info = get_path(data.summary, "eval.judges", {}) or {}
@@ -204,14 +207,12 @@ def section_win_rates(data: RunData) -> str:
             details = [d for d in details if d]
             if details:
                 lines.append("Judge settings: " + "; ".join(details) + ".")
-        # The comparisons with SFT in full; of the head-to-heads, only those whose interval excludes 0.5: the rest
-        # are the heatmap's cells (Figures) and summary.json's rows, not repeated here.
+        # The comparisons with a reference (SFT, the dataset's responses) in full; the head-to-heads between methods
+        # are the heatmap's cells (Figures, each with its interval), not repeated here.
         shown, hidden = [], []
         for key in ordered_pairings(pairings):
-            entry = pairings[key]
-            low, high = entry.get("ci95_low"), entry.get("ci95_high")
-            separated = is_number(low) and is_number(high) and (low > 0.5 or high < 0.5)
-            (shown if "sft" in (parse_pairing(key) or ()) or separated else hidden).append(key)
+            pair = parse_pairing(key) or ()
+            (shown if not pair or set(pair) & REFERENCES else hidden).append(key)
         rows = []
         for key in shown:
             entry = pairings[key]
@@ -250,12 +251,13 @@ def section_win_rates(data: RunData) -> str:
             lines += [
                 "",
                 (
-                    f"The other {len(hidden)} pairings, none of whose intervals excludes 0.5, are"
+                    f"The {len(hidden)} head-to-heads between the other models are"
                     if len(hidden) > 1
-                    else "The other pairing, whose interval includes 0.5, is"
+                    else "The head-to-head between the two other models is"
                 )
-                + " in the win-rate heatmap ([Figures](#win-rates-per-judge)) and, with its interval and counts, in "
-                f"`summary.json` under `eval.win_rates.{judge}`.",
+                + " in the win-rate heatmap ([Figures](#win-rates-per-judge)), "
+                f"each cell with its 95% interval; the sign test and the counts are in `summary.json` under "
+                f"`eval.win_rates.{judge}`.",
             ]
     return "\n".join(lines)
 

@@ -160,25 +160,29 @@ def markdown_table(headers: list[str], rows: list[list], align: str | None = Non
 
 
 def win_rate_matrix(pairings: dict) -> tuple[list[str], list[list]]:
-    """Model names (canonical order) and cells[i][j] = (win rate of i vs j, measured) or None.
+    """Model names (canonical order) and cells[i][j] = (win rate of i vs j, measured, its 95% interval) or None.
 
-    A measured `<a>_vs_<b>` fills (a, b); its mirror (b, a), when not measured itself, is
-    1 - win_rate (exact, as ties count half on both sides), flagged measured=False.
+    A measured `<a>_vs_<b>` fills (a, b), with its interval (`ci95_low`, `ci95_high`; None when absent); its mirror
+    (b, a), when not measured itself, is 1 - win_rate with the interval mirrored (exact, as ties count half on both
+    sides), flagged measured=False.
     """
     measured = {}
     for key, entry in pairings.items():
         pair = parse_pairing(key)
         if pair and isinstance(entry, dict) and is_number(entry.get("win_rate")):
-            measured[pair] = float(entry["win_rate"])
+            low, high = entry.get("ci95_low"), entry.get("ci95_high")
+            interval = (float(low), float(high)) if is_number(low) and is_number(high) else None
+            measured[pair] = (float(entry["win_rate"]), interval)
     names = order_models({m for pair in measured for m in pair})
     cells = []
     for a in names:
         row = []
         for b in names:
             if (a, b) in measured:
-                row.append((measured[(a, b)], True))
+                row.append((measured[(a, b)][0], True, measured[(a, b)][1]))
             elif (b, a) in measured:
-                row.append((1.0 - measured[(b, a)], False))
+                rate, interval = measured[(b, a)]
+                row.append((1.0 - rate, False, (1.0 - interval[1], 1.0 - interval[0]) if interval else None))
             else:
                 row.append(None)
         cells.append(row)
