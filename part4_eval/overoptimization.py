@@ -27,7 +27,7 @@ Needs a run folder whose data, sft and reward stages completed with the same pre
    `<run>/overopt/overoptimization.json`.
 
 Re-running reuses every variant that completed for the same settings (each stage skips itself) and
-the best-of-N samples; `--force` redoes them. The defaults are sized for about 10 minutes on 2 CPU
+the best-of-N samples; `--force` redoes them. The defaults take about 4 minutes on 2 CPU
 cores for the tiny preset; `--ppo-episodes`, `--grpo-episodes`, `--eval-prompts` and `--best-of-n`
 set the budget.
 """

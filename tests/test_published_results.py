@@ -100,3 +100,21 @@ def test_where_the_reward_model_is_wrong_as_published():
     for key, said in words.items():
         entry = agreement["by_gold_difference"][key]
         assert f"{said} {entry['agreement_decisive']:.3f}" in text and f"(n = {entry['n_decisive']})" in text, key
+
+
+def test_the_over_optimisation_curves_as_published():
+    """ANALYSIS's reading of the over-optimisation figure is the committed curves' (results/tiny/overopt/curves.json,
+    part4_eval/overoptimization.py's output)."""
+    published = json.loads((RESULTS / "tiny" / "overopt" / "curves.json").read_text())
+    curves = {curve["label"]: curve["points"] for curve in published["curves"]}
+    text = " ".join(ANALYSIS.split())
+    best_of = {p["n"]: p for p in curves["best-of-N (RM picks)"]}
+    assert max(best_of.values(), key=lambda p: p["gold_score"])["n"] == 2
+    assert f"peaks in gold at N = 2 (mean gold score {best_of[2]['gold_score']:.3f} against SFT's" in text
+    assert f"SFT's {best_of[1]['gold_score']:.3f} at N = 1) and falls back to {best_of[16]['gold_score']:.3f}" in text
+    assert f"({best_of[2]['proxy_score']:.3f} → {best_of[16]['proxy_score']:.3f})" in text
+    grpo = curves["GRPO vs RM"]
+    peak = max(grpo, key=lambda p: p["gold_score"])
+    assert (
+        f"peaks at {peak['gold_score']:.3f} (KL {peak['kl']:.2f} nats) and ends at {grpo[-1]['gold_score']:.3f}" in text
+    )
