@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,15 @@ def test_the_command_parser_reads_continuations_chains_and_launcher_variables():
     assert command_problems(commands[2]) == []
     assert slug("Re-running, `--force` and resuming") == "re-running---force-and-resuming"
     assert slug("1B TL;DR presets") == "1b-tldr-presets"
+
+
+IMPORT_LINE = re.compile(r"^\s*(from rlhf[\w.]* import [\w, ]+)", re.M)
+
+
+def test_every_rlhf_import_in_the_docs_scripts_imports():
+    """The scripts written into the docs (python heredocs, one-liners) import names that exist: one imported
+    `sample_responses` from a module it had left, another `picks_better`, removed in a rename."""
+    lines = sorted({m.group(1) for doc in [*DOCS, REPO / "ANALYSIS.md"] for m in IMPORT_LINE.finditer(doc.read_text())})
+    assert len(lines) >= 5, lines
+    result = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
