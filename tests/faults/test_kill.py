@@ -40,14 +40,26 @@ def test_kill_mid_checkpoint_write_resumes_from_the_previous_one_and_ends_identi
     assert differences(outcome(sft_reference, "sft"), outcome(run, "sft")) == []
 
 
-def test_a_different_weight_is_caught(data_run, sft_reference, tmp_path):
-    """The comparison the runner and the test above rely on can fail: one changed value is reported."""
-    reference = outcome(sft_reference, "sft")
+def test_a_different_weight_is_caught(tmp_path):
+    """The comparison the runner and the test above rely on can fail: one changed value is reported, in the weights
+    (bitwise) or in the metrics, on a stage folder written by hand (a real SFT run took 12 s of the unit run)."""
+    import torch
+    from safetensors.torch import save_file
+
+    (tmp_path / "sft" / "model").mkdir(parents=True)
+    save_file(
+        {"wte": torch.linspace(-1, 1, 12).reshape(3, 4), "bias": torch.ones(4)},
+        tmp_path / "sft/model/model.safetensors",
+    )
+    (tmp_path / "summary.json").write_text(json.dumps({"sft": {"steps": 12, "val_loss": 1.25}}))
+    (tmp_path / "sft" / "metrics.jsonl").write_text('{"step": 1, "sft/train/loss": 2.5}\n')
+    reference = outcome(tmp_path, "sft")
+    assert differences(reference, outcome(tmp_path, "sft")) == []
     changed = {**reference, "weights": dict(reference["weights"])}
-    name = next(iter(changed["weights"]))
-    changed["weights"][name] = changed["weights"][name].clone()
-    changed["weights"][name].view(-1)[0] += 1e-7
+    changed["weights"]["wte"] = changed["weights"]["wte"].clone()
+    changed["weights"]["wte"].view(-1)[0] += 1e-7
     assert differences(reference, changed) == ["weights"]
+    assert differences(reference, {**reference, "metrics": [{"step": 1, "sft/train/loss": 2.5000001}]}) == ["metrics"]
 
 
 @pytest.mark.slow
