@@ -83,6 +83,7 @@ BF16_OVERRIDES = [
     "eval.best_of_n=2",
     "eval.best_of_n_prompts=4",
     "eval.batch_size=8",
+    "eval.suite_prompts=2",
 ]
 BF16_CONFIG = load_config(preset_path("tiny"), BF16_OVERRIDES)
 # The stages the pipeline runs on this config: judge_rm is the reward stage's code, run only on held-out judge pairs.

@@ -129,6 +129,7 @@ OVERRIDES = {
         "eval.best_of_n=4",
         "eval.best_of_n_prompts=3",
         "eval.max_new_tokens=16",
+        "eval.suite_prompts=4",  # each suite sharded 2 + 2 (every suite in full: tests/test_pipeline_e2e.py)
         "eval.judges=gold,reward,openai",
         "eval.openai_max_prompts=3",
         "judge.model=judge-test",

@@ -71,6 +71,7 @@ OVERRIDES = [
     f"eval.best_of_n_prompts={BEST_OF_N_PROMPTS}",
     "eval.batch_size=32",
     "eval.max_new_tokens=16",
+    "eval.suite_prompts=2",
 ]
 RL_STAGES = {"ppo": 8, "grpo": 8, "online_dpo": 8, "raft": 4 * 2}  # responses sampled per iteration (round)
 

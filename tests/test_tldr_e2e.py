@@ -78,6 +78,7 @@ FEW_STEPS = [
     "eval.best_of_n=2",
     "eval.best_of_n_prompts=3",
     "eval.batch_size=8",
+    "eval.suite_prompts=2",
 ]
 
 

@@ -100,6 +100,7 @@ def test_every_other_sampler_runs_through_vllm(tiny_run, tmp_path):
             "eval.best_of_n=2",
             "eval.best_of_n_prompts=2",
             "eval.judges=gold,reward",
+            "eval.suite_prompts=2",
         ],
     }
     every = [override for overrides in stages.values() for override in overrides]  # one config, as a pipeline has
