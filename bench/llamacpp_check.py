@@ -103,6 +103,12 @@ def compare(hf_dir: Path, decoded: Path, max_new_tokens: int, out: Path | None, 
         first = next((i for i, (a, b) in enumerate(zip(answer, theirs)) if a != b), None)
         if first is None and len(answer) != len(theirs):
             first = min(len(answer), len(theirs))
+        margin = None  # how much likelier transformers found its token than llama.cpp's, where they part
+        if first is not None and first < min(len(answer), len(theirs)):
+            with torch.no_grad():
+                logits = model(torch.tensor([ids + answer[:first]])).logits[0, -1].float()
+            logprobs = logits.log_softmax(-1)
+            margin = float(logprobs[answer[first]] - logprobs[theirs[first]])
         results.append(
             {
                 "prompt": row["prompt"],
@@ -111,6 +117,7 @@ def compare(hf_dir: Path, decoded: Path, max_new_tokens: int, out: Path | None, 
                 "answer_tokens": len(answer),
                 "same_answer": first is None,
                 "first_divergence": first,
+                "logprob_margin_at_divergence": margin,
                 "transformers_answer": tokenizer.decode(answer),
                 "llamacpp_answer": tokenizer.decode(theirs),
             }
@@ -129,6 +136,8 @@ def compare(hf_dir: Path, decoded: Path, max_new_tokens: int, out: Path | None, 
     }
     for r in results:
         where = "same" if r["same_answer"] else f"parts at token {r['first_divergence']}"
+        if r["logprob_margin_at_divergence"] is not None:
+            where += f", where transformers' token was {r['logprob_margin_at_divergence']:.3f} nats likelier"
         print(
             f"[llama.cpp] {r['prompt'][:48]!r}: prompt tokens {'same' if r['same_prompt_tokens'] else 'DIFFER'}, "
             f"answer {where} ({r['answer_tokens']} tokens)"
