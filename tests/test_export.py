@@ -6,6 +6,7 @@ LoRA-trained SmolLM2: tests/test_smollm2_e2e.py; llama.cpp reading the files: be
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -225,3 +226,42 @@ def test_the_reports_export_command_names_the_best_policy_that_has_not_degenerat
     assert "`raft` has the highest win rate against SFT under the `gold` judge" in text
     assert "python part4_eval/export.py outputs/tiny raft" in text
     assert section_export(RunData(summary={"eval": {"win_rates": {}}})) == ""
+
+
+def test_llama3_rope_factors_are_what_transformers_divides_each_frequency_by():
+    """Llama 3.1's scaling (Llama 3.2's settings, a short original context so that all three bands occur): the
+    divisors written for llama.cpp times transformers' scaled frequencies give back the unscaled ones; by hand, the
+    highest frequency is kept (1) and the lowest divided by the whole factor."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from rlhf.models.export import llama3_rope_factors, rope_parameters
+
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        rope_theta=500000.0,
+        rope_scaling={**rope, "original_max_position_embeddings": 64},
+    )
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    factors = llama3_rope_factors(64, 500000.0, rope_parameters(config))
+    unscaled = 1.0 / 500000.0 ** (np.arange(0, 64, 2) / 64)
+    np.testing.assert_allclose(scaled.double().numpy() * factors, unscaled, rtol=1e-5)
+    assert factors[0] == 1.0 and factors[-1] == 32.0 and ((factors > 1) & (factors < 32)).any()
+
+
+def test_llama3s_pre_tokenizer_and_bos_are_recognised():
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from rlhf.models.export import LLAMA3_SPLIT, adds_bos, pre_tokenizer_name
+
+    backend = Tokenizer(models.BPE(vocab={"a": 0, "<s>": 1}, merges=[]))
+    split = pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated")
+    backend.pre_tokenizer = pre_tokenizers.Sequence([split, pre_tokenizers.ByteLevel(use_regex=False)])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>")
+    assert pre_tokenizer_name(json.loads(backend.to_str())) == "llama-bpe" and adds_bos(tokenizer)
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert pre_tokenizer_name(json.loads(backend.to_str())) is None  # the exporter then asks for --tokenizer-pre

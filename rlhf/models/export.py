@@ -34,6 +34,13 @@ ARCHITECTURES = ("llama", "gpt2")
 GPT2_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GPT2_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # llama.cpp's GPT-2 computes GELU's tanh approximation
 Q8_0_BLOCK = 32
+ROPE_TYPES = ("default", "llama3")  # RoPE as Llama 2 and SmolLM2 have it, and Llama 3.1/3.2's long-context scaling
+# The pre-tokenizer split of Llama 3's tokenizer.json (a Split by this regex, then byte-level BPE): llama.cpp's
+# "llama-bpe". Digits in runs of at most 3, where GPT-2's regex keeps every run of digits whole.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def rotary_to_interleaved(weight: np.ndarray, n_head: int) -> np.ndarray:
@@ -87,10 +94,8 @@ def architecture(config) -> str:
         )
     problems = []
     if model_type == "llama":
-        if getattr(config, "rope_scaling", None) not in (None, {}) and (config.rope_scaling or {}).get(
-            "rope_type", "default"
-        ) not in ("default",):
-            problems.append(f"rope scaling {config.rope_scaling}")
+        if rope_parameters(config).get("rope_type", "default") not in ROPE_TYPES:
+            problems.append(f"rope scaling {rope_parameters(config)}")
         if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
             problems.append("biases in the attention or MLP projections")
     else:
@@ -131,15 +136,41 @@ def gguf_tensors(state_dict: dict, config) -> dict[str, np.ndarray]:
         elif arch == "gpt2" and key.endswith(GPT2_TRANSPOSED):
             array = array.T
         tensors[name] = array
+    rope = rope_parameters(config)
+    if arch == "llama" and rope.get("rope_type") == "llama3":
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        tensors["rope_freqs.weight"] = llama3_rope_factors(head_dim, rope_theta(config), rope)
     return tensors
 
 
+def llama3_rope_factors(head_dim: int, theta: float, rope: dict) -> np.ndarray:
+    """Llama 3.1's RoPE scaling as llama.cpp reads it: per rotary frequency, the divisor of that frequency
+    (`rope_freqs.weight`). Frequencies whose wavelength is under original_max_position_embeddings / high_freq_factor
+    keep their value (1), those over original / low_freq_factor are divided by `factor`, and those between are
+    divided by a factor interpolated linearly in original / wavelength (Meta's Llama 3.1 release; transformers'
+    `_compute_llama3_parameters` computes the scaled frequencies themselves)."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    context = rope["original_max_position_embeddings"]
+    wavelength = 2 * np.pi / inv_freq
+    smooth = (context / wavelength - low) / (high - low)
+    divisor = 1.0 / ((1 - smooth) / factor + smooth)
+    divisor = np.where(wavelength < context / high, 1.0, divisor)
+    divisor = np.where(wavelength > context / low, factor, divisor)
+    return divisor.astype(np.float32)
+
+
 def pre_tokenizer_name(tokenizer_json: dict) -> str | None:
-    """llama.cpp's name for a byte-level BPE pre-tokenizer that splits with GPT-2's regex ("gpt-2"); None for any
-    other, whose name must then be given (`--tokenizer-pre`) or read from the GGUF file the model came from."""
+    """llama.cpp's name for a byte-level BPE pre-tokenizer that splits with GPT-2's regex ("gpt-2") or Llama 3's
+    ("llama-bpe"); None for any other, whose name must then be given (`--tokenizer-pre`) or read from the GGUF file
+    the model came from."""
     pre = tokenizer_json.get("pre_tokenizer") or {}
     if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
         return "gpt-2"
+    steps = pre.get("pretokenizers") or []
+    kinds = [step.get("type") for step in steps]
+    if kinds == ["Split", "ByteLevel"] and (steps[0].get("pattern") or {}).get("Regex") == LLAMA3_SPLIT:
+        return "llama-bpe" if not steps[1].get("use_regex", True) else None
     return None
 
 
@@ -232,7 +263,7 @@ def write_gguf(model, tokenizer, path: Path, gguf_type: str, name: str, chat_tem
         ):
             if getattr(tokenizer, key, None) is not None:
                 add(getattr(tokenizer, key))
-        writer.add_add_bos_token(False)  # the pipeline's prompts carry no BOS: its tokenizers add none
+        writer.add_add_bos_token(adds_bos(tokenizer))
         writer.add_chat_template(chat_template)
         total = 0
         for tensor_name, array in tensors.items():
@@ -255,9 +286,19 @@ def write_gguf(model, tokenizer, path: Path, gguf_type: str, name: str, chat_tem
     return {"architecture": arch, "type": gguf_type, "tensors": len(tensors), "tensor_bytes": total, "pre": pre}
 
 
+def rope_parameters(config) -> dict:
+    """RoPE's settings (rope_type, rope_theta, a scaling's factors), wherever this transformers version keeps them."""
+    return dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+
+
 def rope_theta(config) -> float:
-    """RoPE's base frequency, wherever this transformers version keeps it."""
+    """RoPE's base frequency."""
     theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    return theta
+    return theta if theta is not None else rope_parameters(config).get("rope_theta", 10000.0)
+
+
+def adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer puts BOS before a text (Llama 3's does; GPT-2's and SmolLM2's do not), which llama.cpp
+    must then do too."""
+    ids = tokenizer("a").input_ids
+    return tokenizer.bos_token_id is not None and bool(ids) and ids[0] == tokenizer.bos_token_id
