@@ -52,18 +52,31 @@ def model_folder(run: RunDir, model: str) -> Path:
     return run.model_dir(model)
 
 
-def load(folder: Path):
-    """The model in float32 and its tokenizer; LoRA adapters merged into their base."""
+def load(folder: Path, run: RunDir):
+    """The model in float32 and its tokenizer. A folder of LoRA adapters is merged into the base it names, with the
+    tokenizer the run trained it with (the run's data/tokenizer: its added pad token is a row the adapters' saved
+    embeddings have and the base's do not)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if (folder / "adapter_config.json").is_file():
-        from peft import AutoPeftModelForCausalLM
-
-        model = AutoPeftModelForCausalLM.from_pretrained(folder, dtype=torch.float32).merge_and_unload()
-    else:
+    if not (folder / "adapter_config.json").is_file():
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
-    return model.eval(), AutoTokenizer.from_pretrained(folder)
+        return model.eval(), AutoTokenizer.from_pretrained(folder)
+    from peft import PeftConfig, PeftModel
+
+    base_path = PeftConfig.from_pretrained(folder).base_model_name_or_path
+    if not base_path:
+        raise UserError(f"the adapters in {folder} name no base model (adapter_config.json); export the merged model")
+    tokenizer_dir = next(
+        (d for d in (folder, run.tokenizer_dir, Path(base_path)) if (d / "tokenizer_config.json").is_file()), None
+    )
+    if tokenizer_dir is None:
+        raise UserError(f"no tokenizer for the adapters in {folder}: neither it, {run.tokenizer_dir} nor {base_path}")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, use_safetensors=True)
+    if base.get_input_embeddings().weight.shape[0] != len(tokenizer):
+        base.resize_token_embeddings(len(tokenizer))
+    return PeftModel.from_pretrained(base, folder).merge_and_unload().eval(), tokenizer
 
 
 def source_pre_tokenizer(base_model: str | None) -> str | None:
@@ -114,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
     # 2. Load it (LoRA adapters merged) and check, before anything is written, that llama.cpp can run it.
-    model, tokenizer = load(folder)
+    model, tokenizer = load(folder, run)
     architecture(model.config)
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else HH_CHAT_TEMPLATE
     tokenizer.chat_template = template

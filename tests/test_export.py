@@ -6,6 +6,7 @@ LoRA-trained SmolLM2: tests/test_smollm2_e2e.py; llama.cpp reading the files: be
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -265,3 +266,29 @@ def test_llama3s_pre_tokenizer_and_bos_are_recognised():
     assert pre_tokenizer_name(json.loads(backend.to_str())) == "llama-bpe" and adds_bos(tokenizer)
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     assert pre_tokenizer_name(json.loads(backend.to_str())) is None  # the exporter then asks for --tokenizer-pre
+
+
+@pytest.mark.slow  # a script process (seconds): out of the unit run
+def test_lora_adapters_are_merged_into_their_base_with_the_runs_tokenizer(tokenizer, tmp_path):
+    """`--model-dir <stage>/adapter`: the adapters of a stage that added a pad token (so their saved embeddings have a
+    row the base lacks) merge into the base they name, with the run's tokenizer, into the model the stage published
+    merged: the same logits, exported."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    small_model("llama", len(tokenizer)).save_pretrained(tmp_path / "data" / "base_model")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "data" / "base_model")  # the adapters name its folder
+    grown = copy.deepcopy(tokenizer)  # the module's tokenizer stays as the other tests use it
+    grown.add_special_tokens({"additional_special_tokens": ["<|extra_pad|>"]})
+    grown.save_pretrained(tmp_path / "data" / "tokenizer")
+    base.resize_token_embeddings(len(grown))
+    adapted = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapted.save_pretrained(tmp_path / "ppo" / "adapter", save_embedding_layers=True)
+    merged = adapted.merge_and_unload().eval()
+    command = [sys.executable, str(REPO / "part4_eval" / "export.py"), str(tmp_path), "ppo", "--type", "f32"]
+    done = subprocess.run([*command, "--model-dir", str(tmp_path / "ppo" / "adapter")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export", gguf_file="ppo.gguf", dtype=torch.float32)
+    ids = torch.tensor([grown(" ".join(TEXT)).input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(exported.eval()(ids).logits, merged(ids).logits, rtol=0, atol=1e-5)
