@@ -7,7 +7,10 @@ Two halves, in two environments (llama.cpp's Python binding is built from source
 in .venv): `decode` loads the file in llama.cpp, renders each prompt with the chat template the file holds, tokenizes
 it with llama.cpp's tokenizer and decodes greedily; `compare` renders the same prompts with the Hugging Face folder's
 tokenizer, checks the prompt tokens are the same, decodes greedily with transformers, and reports each answer's
-first divergence. Results: bench/results/<date>-llamacpp-check.json and docs/export.md.
+first divergence (and how much likelier transformers found its token there). Results, with the machine and
+llama-cpp-python's version: bench/results/cpu-2core-<date>-llamacpp-<model>-<type>.json, read in docs/export.md. The
+prompts are rendered by llama-cpp-python's Jinja2 formatter (Python's jinja2) from the template stored in the file, not
+by llama.cpp's own C++ template engine, which llama-cli uses.
 """
 
 from __future__ import annotations
@@ -61,7 +64,10 @@ def decode(gguf: Path, max_new_tokens: int, out: Path) -> None:
                 "seconds": time.perf_counter() - start,
             }
         )
-    out.write_text(json.dumps({"gguf": str(gguf), "eos": eos, "rows": rows}, indent=1) + "\n")
+    import llama_cpp
+
+    record = {"gguf": str(gguf), "llama_cpp_python": llama_cpp.__version__, "eos": eos, "rows": rows}
+    out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def compare(hf_dir: Path, decoded: Path, max_new_tokens: int, out: Path | None, weights_from_gguf: bool) -> dict:
@@ -124,7 +130,8 @@ def compare(hf_dir: Path, decoded: Path, max_new_tokens: int, out: Path | None, 
         )
     summary = {
         "date": time.strftime("%Y-%m-%d"),
-        "machine": platform.processor() or platform.machine(),
+        "machine": cpu_name(),
+        "llama_cpp_python": llama.get("llama_cpp_python"),
         "gguf": llama["gguf"],
         "hf_dir": str(hf_dir),
         "transformers_weights": "the GGUF file's, dequantized" if weights_from_gguf else "the Hugging Face folder's",
@@ -146,6 +153,15 @@ def compare(hf_dir: Path, decoded: Path, max_new_tokens: int, out: Path | None, 
     if out:
         out.write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else the machine type."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.machine()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import shutil
+import re
 import sys
 from pathlib import Path
 
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 
 from rlhf.chat import HH_CHAT_TEMPLATE
 from rlhf.core.errors import UserError
+from rlhf.models.checkpoint import written_atomically
 from rlhf.models.export import GGUF_TYPES, architecture, pre_tokenizer_name, write_gguf
 from rlhf.models.sources import SOURCE_FILE, locate_gguf
 from rlhf.report.model_card import model_card, modelfile
@@ -41,7 +42,7 @@ def model_folder(run: RunDir, model: str) -> Path:
     if model not in MODELS:
         raise UserError(f"model '{model}' is not one of {', '.join(MODELS)}; or give --model-dir")
     if model == "base":
-        folder = run.base_model_dir()
+        folder = run.base_model_dir
         if not (folder / "config.json").is_file():
             raise UserError(f"{run.root} has no pretrained base model ({folder}); only a pretrained run has one")
         return folder
@@ -53,26 +54,27 @@ def model_folder(run: RunDir, model: str) -> Path:
 
 
 def load(folder: Path, run: RunDir):
-    """The model in float32 and its tokenizer. A folder of LoRA adapters is merged into the base it names, with the
-    tokenizer the run trained it with (the run's data/tokenizer: its added pad token is a row the adapters' saved
-    embeddings have and the base's do not)."""
+    """The model in float32 and its tokenizer: the folder's own, else the run's (data/tokenizer). A folder of LoRA
+    adapters is merged into the base it names, grown to the run's tokenizer first (its added pad token is a row the
+    adapters' saved embeddings have and the base's do not)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not (folder / "adapter_config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True)
-        return model.eval(), AutoTokenizer.from_pretrained(folder)
-    from peft import PeftConfig, PeftModel
+    adapters = (folder / "adapter_config.json").is_file()
+    base_path = None
+    if adapters:
+        from peft import PeftConfig, PeftModel
 
-    base_path = PeftConfig.from_pretrained(folder).base_model_name_or_path
-    if not base_path:
-        raise UserError(f"the adapters in {folder} name no base model (adapter_config.json); export the merged model")
-    tokenizer_dir = next(
-        (d for d in (folder, run.tokenizer_dir, Path(base_path)) if (d / "tokenizer_config.json").is_file()), None
-    )
+        base_path = PeftConfig.from_pretrained(folder).base_model_name_or_path
+        if not base_path:
+            raise UserError(f"the adapters in {folder} name no base model (adapter_config.json); export the merged one")
+    places = [folder, run.tokenizer_dir, *([Path(base_path)] if base_path else [])]
+    tokenizer_dir = next((d for d in places if (d / "tokenizer_config.json").is_file()), None)
     if tokenizer_dir is None:
-        raise UserError(f"no tokenizer for the adapters in {folder}: neither it, {run.tokenizer_dir} nor {base_path}")
+        raise UserError(f"no tokenizer for {folder} in {' or '.join(map(str, places))}; export a folder that has one")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if not adapters:
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, use_safetensors=True).eval(), tokenizer
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, use_safetensors=True)
     if base.get_input_embeddings().weight.shape[0] != len(tokenizer):
         base.resize_token_embeddings(len(tokenizer))
@@ -119,12 +121,20 @@ def main(argv: list[str] | None = None) -> None:
     run = RunDir(args.run)
     if not args.run.is_dir():
         raise UserError(f"{args.run} is not a run folder; give the --output-dir of a run (outputs/<preset>)")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.model) or args.model.startswith("."):
+        raise UserError(f"model name '{args.model}' must be a plain file name (letters, digits, _ . -)")
+    model_files = ("config.json", "adapter_config.json")
+    if args.model_dir is not None and not any((args.model_dir / name).is_file() for name in model_files):
+        raise UserError(
+            f"--model-dir {args.model_dir} holds no config.json or adapter_config.json; give a model folder"
+        )
     folder = args.model_dir or model_folder(run, args.model)
     stage_config = run.saved_config(args.model) if args.model != "base" else None
     cfg = stage_config or (run.saved_config("data") or load_config())
     summary = run.read_summary() if run.summary_path.is_file() else {}
     out = args.out or args.run / "export"
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder")
 
     # 2. Load it (LoRA adapters merged) and check, before anything is written, that llama.cpp can run it.
     model, tokenizer = load(folder, run)
@@ -140,23 +150,22 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError("this tokenizer's pre-tokenizer has no known llama.cpp name; give it with --tokenizer-pre")
 
     # 3. The GGUF file, then the Modelfile that points Ollama at it.
+    out.mkdir(parents=True, exist_ok=True)
     gguf_name, modelfile_name = f"{args.model}.gguf", f"{args.model}.Modelfile"
     written = write_gguf(model, tokenizer, out / gguf_name, args.type, f"{args.model} ({args.run.name})", template, pre)
     stops = [tokenizer.eos_token] if tokenizer.eos_token else []
-    system = default_system(tokenizer) if chat_format(template) == "chatml" else None
-    write_text_atomic(out / modelfile_name, modelfile(gguf_name, chat_format(template), stops, system))
+    kind = chat_format(template)
+    system = default_system(tokenizer) if kind == "chatml" else None
+    write_text_atomic(out / modelfile_name, modelfile(gguf_name, kind, stops, system))
 
     # 4. The Hugging Face folder: merged weights, the tokenizer with its chat template, and the model card.
     export = {"gguf": gguf_name, "modelfile": modelfile_name, "type": args.type, "base_model": base_model}
     card = model_card(args.model, dataclasses.asdict(cfg), summary, export)
     hf_folder = out / args.model
-    tmp = hf_folder.with_name(hf_folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "README.md").write_text(card, encoding="utf-8")
-    shutil.rmtree(hf_folder, ignore_errors=True)
-    tmp.replace(hf_folder)
+    with written_atomically(hf_folder) as tmp:  # a failed write keeps the previous folder, whole
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
 
     size = (out / gguf_name).stat().st_size / 2**20
     print(

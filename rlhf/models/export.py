@@ -21,6 +21,7 @@ and quantizer do the rest):
 
 from __future__ import annotations
 
+import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ ARCHITECTURES = ("llama", "gpt2")
 GPT2_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 GPT2_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # llama.cpp's GPT-2 computes GELU's tanh approximation
 Q8_0_BLOCK = 32
+KEPT_F32 = ("position_embd.weight",)  # GPT-2's position table: f32 in any type, as llama.cpp's converter keeps it
 ROPE_TYPES = ("default", "llama3")  # RoPE as Llama 2 and SmolLM2 have it, and Llama 3.1/3.2's long-context scaling
 # The pre-tokenizer split of Llama 3's tokenizer.json (a Split by this regex, then byte-level BPE): llama.cpp's
 # "llama-bpe". Digits in runs of at most 3, where GPT-2's regex keeps every run of digits whole.
@@ -62,10 +64,9 @@ def interleaved_to_rotary(weight: np.ndarray, n_head: int) -> np.ndarray:
 
 @dataclass
 class Encoded:
-    """One tensor as the file stores it: `data` (for q8_0 the packed bytes), with its logical shape and type."""
+    """One tensor as the file stores it: `data` (for q8_0 the packed bytes) and its type."""
 
     data: np.ndarray
-    shape: tuple[int, ...]
     ggml_type: str  # "F32", "F16" or "Q8_0"
 
 
@@ -76,11 +77,10 @@ def encode_tensor(array: np.ndarray, gguf_type: str) -> Encoded:
 
     array = np.ascontiguousarray(array, dtype=np.float32)
     if array.ndim < 2 or gguf_type == "f32":
-        return Encoded(array, array.shape, "F32")
+        return Encoded(array, "F32")
     if gguf_type == "q8_0" and array.shape[-1] % Q8_0_BLOCK == 0:
-        packed = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
-        return Encoded(packed, array.shape, "Q8_0")
-    return Encoded(array.astype(np.float16), array.shape, "F16")
+        return Encoded(gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0), "Q8_0")
+    return Encoded(array.astype(np.float16), "F16")
 
 
 def architecture(config) -> str:
@@ -94,8 +94,9 @@ def architecture(config) -> str:
         )
     problems = []
     if model_type == "llama":
-        if rope_parameters(config).get("rope_type", "default") not in ROPE_TYPES:
-            problems.append(f"rope scaling {rope_parameters(config)}")
+        rope = rope_parameters(config)
+        if rope.get("rope_type", "default") not in ROPE_TYPES:
+            problems.append(f"RoPE scaling of type {rope.get('rope_type')} (this exporter writes llama3's only)")
         if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
             problems.append("biases in the attention or MLP projections")
     else:
@@ -105,7 +106,8 @@ def architecture(config) -> str:
             problems.append("scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn")
     if problems:
         raise UserError(
-            f"this {model_type} model has {'; '.join(problems)}, which llama.cpp's {model_type} does not run"
+            f"this {model_type} model has {'; '.join(problems)}, which this exporter cannot write; export the "
+            "Hugging Face folder and convert it with llama.cpp's convert_hf_to_gguf.py"
         )
     return model_type
 
@@ -136,10 +138,9 @@ def gguf_tensors(state_dict: dict, config) -> dict[str, np.ndarray]:
         elif arch == "gpt2" and key.endswith(GPT2_TRANSPOSED):
             array = array.T
         tensors[name] = array
-    rope = rope_parameters(config)
+    rope = rope_parameters(config)  # Llama 3.1's scaling: the divisors llama.cpp applies to each rotary frequency
     if arch == "llama" and rope.get("rope_type") == "llama3":
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        tensors["rope_freqs.weight"] = llama3_rope_factors(head_dim, rope_theta(config), rope)
+        tensors["rope_freqs.weight"] = llama3_rope_factors(head_dim(config), rope_theta(config), rope)
     return tensors
 
 
@@ -175,8 +176,9 @@ def pre_tokenizer_name(tokenizer_json: dict) -> str | None:
 
 
 def token_table(tokenizer, vocab_rows: int) -> tuple[list[str], list[int]]:
-    """Every token's text and GGUF type by id, for `vocab_rows` embedding rows: special tokens are control tokens,
-    other added tokens user-defined, rows beyond the tokenizer unused."""
+    """Every token's text and GGUF type by id, for `vocab_rows` embedding rows: added tokens marked special are control
+    tokens (whether or not the tokenizer names them among its special tokens, as SmolLM2's `<repo_name>`), other
+    added tokens user-defined, rows beyond the tokenizer unused."""
     import gguf
 
     vocab = tokenizer.get_vocab()
@@ -184,7 +186,7 @@ def token_table(tokenizer, vocab_rows: int) -> tuple[list[str], list[int]]:
         raise UserError(f"the tokenizer has {len(vocab)} tokens but the model only {vocab_rows} embedding rows")
     by_id = {index: text for text, index in vocab.items()}
     added = tokenizer.get_added_vocab()
-    special = set(tokenizer.all_special_tokens)
+    special = {token.content for token in tokenizer.added_tokens_decoder.values() if token.special}
     tokens, types = [], []
     for index in range(vocab_rows):
         text = by_id.get(index)
@@ -242,8 +244,10 @@ def write_gguf(model, tokenizer, path: Path, gguf_type: str, name: str, chat_tem
             writer.add_feed_forward_length(config.intermediate_size)
             writer.add_head_count_kv(config.num_key_value_heads)
             writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            writer.add_rope_dimension_count(head_dim)
+            writer.add_rope_dimension_count(head_dim(config))
+            if head_dim(config) * config.num_attention_heads != config.hidden_size:  # llama.cpp assumes it otherwise
+                writer.add_key_length(head_dim(config))
+                writer.add_value_length(head_dim(config))
             writer.add_rope_freq_base(float(rope_theta(config)))
             writer.add_vocab_size(vocab_rows)
         else:
@@ -260,14 +264,16 @@ def write_gguf(model, tokenizer, path: Path, gguf_type: str, name: str, chat_tem
             ("eos_token_id", writer.add_eos_token_id),
             ("pad_token_id", writer.add_pad_token_id),
             ("unk_token_id", writer.add_unk_token_id),
-        ):
-            if getattr(tokenizer, key, None) is not None:
-                add(getattr(tokenizer, key))
+        ):  # the tokenizer's, else the model's (GPT-2's BOS is its <|endoftext|>, which its tokenizer may not name)
+            token_id = getattr(tokenizer, key, None)
+            token_id = token_id if token_id is not None else getattr(config, key, None)
+            if token_id is not None and 0 <= token_id < vocab_rows:  # GPT-2's config says 50256 in any vocabulary
+                add(token_id)
         writer.add_add_bos_token(adds_bos(tokenizer))
         writer.add_chat_template(chat_template)
         total = 0
         for tensor_name, array in tensors.items():
-            encoded = encode_tensor(array, gguf_type)
+            encoded = encode_tensor(array, "f32" if tensor_name in KEPT_F32 else gguf_type)
             raw_dtype = getattr(gguf.GGMLQuantizationType, encoded.ggml_type)
             writer.add_tensor(tensor_name, encoded.data, raw_dtype=raw_dtype)  # the shape: from the data's bytes
             total += encoded.data.nbytes
@@ -277,11 +283,9 @@ def write_gguf(model, tokenizer, path: Path, gguf_type: str, name: str, chat_tem
         writer.close()
         tmp.replace(path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(
-            f"cannot write {path} ({' '.join(str(exc).split())[:200]}); free space or pass another --out"
-        ) from None
-    finally:
+        fix = "free space on that disk" if exc.errno == errno.ENOSPC else "give a writable --out"
+        raise UserError(f"cannot write {path} ({' '.join(str(exc).split())[:200]}); {fix}") from None
+    finally:  # on any failure, Ctrl-C included, nothing is left under the final name or beside it
         tmp.unlink(missing_ok=True)
     return {"architecture": arch, "type": gguf_type, "tensors": len(tensors), "tensor_bytes": total, "pre": pre}
 
@@ -289,6 +293,10 @@ def write_gguf(model, tokenizer, path: Path, gguf_type: str, name: str, chat_tem
 def rope_parameters(config) -> dict:
     """RoPE's settings (rope_type, rope_theta, a scaling's factors), wherever this transformers version keeps them."""
     return dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def rope_theta(config) -> float:

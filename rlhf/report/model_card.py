@@ -4,6 +4,8 @@ report's section with the export command."""
 
 from __future__ import annotations
 
+import re
+
 from rlhf.report.contract import POLICY_STAGES, STAGE_LABELS, RunData
 from rlhf.report.format import fmt, fmt_ci, get_path, is_number, markdown_table
 from rlhf.report.training_sections import headline_judge
@@ -73,13 +75,20 @@ def measured_rows(summary: dict, model: str) -> list[list[str]]:
     return rows
 
 
+def is_hub_id(source: str) -> bool:
+    """A Hugging Face Hub repository id ("gpt2", "meta-llama/Llama-3.2-1B"), not a path, GGUF file or package."""
+    return re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?", source) is not None and not (
+        source.endswith(".gguf")
+    )
+
+
 def model_card(model: str, stage_config: dict, summary: dict, export: dict) -> str:
     """README.md of an exported model: YAML front matter for the Hub, then what it is, how it was trained, what the
     run measured, and how to run the GGUF file. `stage_config` is the config the stage ran with (as a dict),
     `export` what the exporter wrote (`gguf`, `type`, `modelfile`, `base_model`)."""
     base = export.get("base_model")
     front = ["---", "library_name: transformers", "tags:", "- rlhf", f"- {model}"]
-    if base:
+    if base and is_hub_id(base):  # the Hub's field takes a repository id, not a file or a package path
         front.append(f"base_model: {base}")
     front.append("---")
     data = stage_config.get("data", {})
@@ -133,10 +142,8 @@ def modelfile(gguf_name: str, chat_format: str, stop: list[str], system: str | N
     reads the file's chat template where it recognises it."""
     lines = [f"FROM ./{gguf_name}"]
     if chat_format == "chatml":
-        lines += [
-            'TEMPLATE """{{- if .System }}<|im_start|>system',
-            "{{ .System }}<|im_end|>",
-            "{{ end }}{{- range .Messages }}<|im_start|>{{ .Role }}",
+        lines += [  # Ollama puts the SYSTEM line among .Messages itself: the template renders every message once
+            'TEMPLATE """{{- range .Messages }}<|im_start|>{{ .Role }}',
             "{{ .Content }}<|im_end|>",
             "{{ end }}<|im_start|>assistant",
             '"""',
