@@ -132,6 +132,7 @@ def round_trip(model, tokenizer, tmp_path, gguf_type: str, template: str):
     return written, logits, AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name), path
 
 
+@pytest.mark.slow  # models written and read back by transformers' GGUF reader (seconds): out of the unit run
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_a_float32_file_computes_what_the_model_does_and_keeps_its_tokenizer(kind, tokenizer, tmp_path):
     model = small_model(kind, len(tokenizer))
