@@ -48,7 +48,8 @@ def model_folder(run: RunDir, model: str) -> Path:
         return folder
     if not (run.stage(model) / "complete.json").is_file():
         raise UserError(
-            f"stage {model} has not completed in {run.root}; run it first (bash run_all.sh --only {model} ...)"
+            f"stage {model} has not completed in {run.root}; run it first: bash run_all.sh --preset <its preset> "
+            f"--output-dir {run.root} --only {model}"
         )
     return run.model_dir(model)
 
