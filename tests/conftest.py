@@ -114,7 +114,6 @@ SLOW_FILES_FIRST = (
     "test_bench.py",
     "test_bf16_lora_ddp_e2e.py",
     "test_fsdp.py",
-    "test_pipeline_e2e.py",
     "test_overoptimization.py",
     "test_online_dpo.py",
     "test_collect_e2e.py",

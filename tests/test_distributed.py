@@ -129,7 +129,7 @@ OVERRIDES = {
         "eval.best_of_n=4",
         "eval.best_of_n_prompts=3",
         "eval.max_new_tokens=16",
-        "eval.suite_prompts=4",  # each suite sharded 2 + 2 (every suite in full: tests/test_pipeline_e2e.py)
+        "eval.suite_prompts=4",  # each suite sharded 2 + 2 (each suite prompt parsed and gold-judged: test_task.py)
         "eval.judges=gold,reward,openai",
         "eval.openai_max_prompts=3",
         "judge.model=judge-test",
@@ -301,7 +301,9 @@ def failure_report(result: subprocess.CompletedProcess) -> str:
 @pytest.fixture(scope="module")
 def pipelines(tmp_path_factory):
     """The whole tiny pipeline in one process and under the documented 2-process launch, and FSDP_STAGES on the
-    1-process run's data under the FSDP launch; per run, its output and the number of LLM-judge requests it made."""
+    1-process run's data under the FSDP launch (the data stage asked for again, complete); per run, its output and
+    the number of LLM-judge requests it made. The 1-process run is also the suite's one run of the whole pipeline
+    through `python -m rlhf.pipeline` as run_all.sh runs it (the tests at the end of this file)."""
     root = tmp_path_factory.mktemp("pipelines")
     venv_bin = str(Path(sys.executable).parent)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p != venv_bin)
@@ -313,10 +315,10 @@ def pipelines(tmp_path_factory):
         for name, launch in (("single", ""), ("ddp", DOCUMENTED_LAUNCH), ("fsdp", FSDP_LAUNCH)):
             before = len(server.requests)
             command = [sys.executable, "-m", "rlhf.pipeline", "--preset", "tiny", "--output-dir", str(root / name)]
-            if name == "fsdp":
+            if name == "fsdp":  # the data stage is complete there: the pipeline skips it
                 shutil.copytree(root / "single" / "data", root / name / "data")
                 shutil.copy(root / "single" / "summary.json", root / name / "summary.json")
-                command += ["--only", ",".join(FSDP_STAGES)]
+                command += ["--only", ",".join(("data", *FSDP_STAGES))]
             env = {**base_env, "OMP_NUM_THREADS": "1", "PATH": path, "RLHF_LAUNCH": launch}
             env.update({BASE_URL_ENV: server.url, API_KEY_ENV: KEY})
             result = subprocess.run(
@@ -407,3 +409,62 @@ def test_fsdp_on_two_processes_matches_one_process(pipelines, stage):
         ]
         assert results[0]["length_heuristic_weight"] != pytest.approx(0.1, abs=1e-3)
         assert results[1]["length_heuristic_weight"] == pytest.approx(results[0]["length_heuristic_weight"], rel=REL)
+
+
+def test_the_pipeline_skips_a_completed_stage_without_starting_it(pipelines):
+    """A stage complete for this config is skipped before its process starts (by hand: tests/test_pipeline.py)."""
+    _, runs = pipelines
+    fsdp = runs["fsdp"][0].stdout
+    assert "[data] already complete for this config" in fsdp and "[data] pairs" not in fsdp
+    assert "[sft] already complete" not in fsdp  # not copied: trained again under FSDP
+
+
+def test_eval_measures_every_policy_the_same_way(pipelines):
+    """The evaluation of the 1-process pipeline: every policy and best-of-n with the same metrics and decoding, every
+    judge's win rates with intervals, the reward model's disagreements with gold by their cause, every suite."""
+    root, _ = pipelines
+    run = root / "single"
+    evaluation = json.loads((run / "summary.json").read_text())["eval"]
+    assert set(evaluation["models"]) == {"sft", "ppo", "grpo", "raft", "dpo", "online_dpo", "best_of_4"}
+    for name, metrics in evaluation["models"].items():
+        for key in (
+            "reward_mean",
+            "reward_std",
+            "kl_to_ref",
+            "length_mean",
+            "eos_rate",
+            "distinct_2",
+            "gold_score_mean",
+        ):
+            assert isinstance(metrics[key], float), (name, key)
+        assert metrics["n"] == (3 if name == "best_of_4" else 12)  # eval.best_of_n_prompts, eval.num_prompts
+    assert evaluation["models"]["sft"]["kl_to_ref"] == 0.0
+    assert evaluation["models"]["best_of_4"]["kl_to_ref"] == pytest.approx(1.3862944 - 0.75)  # log n - (n - 1) / n
+    for model in ("ppo", "grpo", "raft", "dpo", "online_dpo", "best_of_4"):
+        rates = evaluation["win_rates"]["gold"][f"{model}_vs_sft"]
+        assert 0.0 <= rates["win_rate"] <= 1.0 and rates["ci95_low"] <= rates["win_rate"] <= rates["ci95_high"]
+        assert "lc_win_rate" in rates
+    assert "ppo_vs_dpo" in evaluation["win_rates"]["reward"] and "sft_vs_chosen" in evaluation["win_rates"]["gold"]
+    assert "status" not in evaluation["judges"]["openai"] and evaluation["win_rates"]["openai"]  # it judged
+    reward_vs_gold = evaluation["judge_agreement"]["reward_vs_gold"]
+    by_difference = reward_vs_gold["by_gold_difference"]
+    assert set(by_difference) <= {"capability", "content", "flags", "verbosity"}
+    assert sum(entry["n_decisive"] for entry in by_difference.values()) == reward_vs_gold["n_decisive"]
+    assert set(evaluation["suites"]) >= {"sycophancy", "ood", "harmful", "capability"}
+    # Same decoding and seed for every model; each model's responses are on disk.
+    assert evaluation["decoding"]["seed"] == 1234
+    for name in evaluation["models"]:
+        rows = [json.loads(line) for line in (run / "eval" / "responses" / f"{name}.jsonl").read_text().splitlines()]
+        assert len(rows) == evaluation["models"][name]["n"] and "gold_score" in rows[0]
+
+
+def test_report_is_written_with_its_figures(pipelines):
+    root, _ = pipelines
+    run = root / "single"
+    text = (run / "report.md").read_text()
+    for figure in ("reward_vs_kl", "win_rates", "training_curves", "reward_distributions", "response_lengths"):
+        assert (run / "report" / f"{figure}.png").stat().st_size > 5000
+        assert f"(report/{figure}.png)" in text
+    summary = json.loads((run / "summary.json").read_text())
+    assert f"{summary['eval']['win_rates']['gold']['ppo_vs_sft']['win_rate']:.3f}" in text
+    assert "report" in summary["timing_s"] and "pipeline_total" in summary["timing_s"]

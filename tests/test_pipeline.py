@@ -1,6 +1,6 @@
 """rlhf.pipeline.driver (what run_all.sh runs) in-process, with the stage processes faked: which stages start, what a
 run that skipped every stage leaves in timing_s, the command a failure tells the user to resume with, and the
-checks made before any stage starts. (tests/test_pipeline_e2e.py runs the real stages.)"""
+checks made before any stage starts. (tests/test_distributed.py runs the real stages: the whole pipeline.)"""
 
 from __future__ import annotations
 
