@@ -14,7 +14,9 @@ to report). Classes as XSTest's paper defines them (Röttger et al. 2024; rlhf/j
 
 `score` classifies every labelled response with the judge as it is now and writes `agreement.json`: agreement,
 Cohen's kappa, refusal precision and recall with intervals (`rlhf.judges.refusal.agreement_with_labels`), on each
-split, on both, and per model.
+split, on both, and per model; and, under `as_scored`, the same measures for the verdicts the answer files carry (the
+`class` each row of `xstest.jsonl` got from the judge of the code that answered, a judge since changed), while those
+files are where the key says.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this checkout's rlhf, even under another clone's .venv
 
 from rlhf.core.errors import UserError
 from rlhf.data import read_jsonl
@@ -85,6 +88,20 @@ def write_sheet(folders: list[Path], output: Path, n: int, seed: int) -> None:
     print(f"[refusal_labels] {n} answers to label in {output / 'sheet.jsonl'} (key: {output / 'key.jsonl'})")
 
 
+def verdicts_as_scored(key: dict[int, dict]) -> dict[int, str] | None:
+    """Each sheet id's verdict as its answer file holds it (None when a file the key names is gone). A source is a
+    path as `sheet` was given it: relative to where it ran, the repository's root for the published sheet."""
+    stored = {}
+    for source in {row["xstest_source"] for row in key.values()}:
+        path = Path(source) / "xstest.jsonl"
+        path = path if path.is_absolute() or path.is_file() else REPO / path
+        if not path.is_file():
+            return None
+        stored |= {(source, str(row["id"])): row.get("class") for row in read_jsonl(path)}
+    verdicts = {i: stored.get((row["xstest_source"], str(row["xstest_id"]))) for i, row in key.items()}
+    return verdicts if all(v in CLASSES for v in verdicts.values()) else None
+
+
 def score_sheet(folder: Path) -> dict:
     sheet, key = read_jsonl(folder / "sheet.jsonl"), {row["id"]: row for row in read_jsonl(folder / "key.jsonl")}
     if missing := [row["id"] for row in sheet if row["label"] not in CLASSES]:
@@ -93,6 +110,7 @@ def score_sheet(folder: Path) -> dict:
             f"set each to one of {', '.join(CLASSES)}"
         )
     rows = [{**row, **key[row["id"]], "verdict": classify_refusal(row["response"])} for row in sheet]
+    as_scored = verdicts_as_scored(key)
 
     def measured(subset: list[dict]) -> dict:
         return agreement_with_labels([r["label"] for r in subset], [r["verdict"] for r in subset])
@@ -106,6 +124,7 @@ def score_sheet(folder: Path) -> dict:
             model: measured([r for r in rows if r["xstest_source"] == model])
             for model in sorted({r["xstest_source"] for r in rows})
         },
+        "as_scored": None if as_scored is None else measured([{**r, "verdict": as_scored[r["id"]]} for r in rows]),
         "disagreements": [
             {k: r[k] for k in ("id", "split", "prompt", "response", "label", "verdict")}
             for r in rows
@@ -124,12 +143,14 @@ def main(argv: list[str] | None = None) -> None:
         write_sheet(args.answers, args.output, args.n, args.seed)
         return
     result = score_sheet(args.folder)
-    for split in ("all", *SPLITS):
-        m = result[split]
+    for split in ("all", *SPLITS, "as_scored"):
+        if (m := result[split]) is None:
+            continue
         a, recall, precision = m["agreement"], m["refusal"]["recall"], m["refusal"]["precision"]
         kappa = "n/a" if m["kappa"] is None else f"{m['kappa']:.3f}"
+        name = "the answer files' own verdicts" if split == "as_scored" else split
         print(
-            f"[refusal_labels] {split}: agreement {a['rate']:.3f} [{a['ci95_low']:.3f}, {a['ci95_high']:.3f}] "
+            f"[refusal_labels] {name}: agreement {a['rate']:.3f} [{a['ci95_low']:.3f}, {a['ci95_high']:.3f}] "
             f"of {m['n']}, kappa {kappa}, refusal recall "
             + ("n/a" if recall is None else f"{recall['rate']:.3f} ({recall['hits']}/{recall['n']})")
             + ", precision "

@@ -73,6 +73,10 @@ def test_the_refusal_judges_agreement_with_the_hand_labels_as_published(tmp_path
         f"{recall['hits']}/{recall['n']}"
     )
     assert published in ANALYSIS and f"and precision {precision['hits']}/{precision['n']}" in ANALYSIS
+    before = script("refusal_labels").score_sheet(labels)["as_scored"]  # the judge that scored the answers, 39fe8d4
+    assert before["refusal"]["recall"]["hits"] == 0 and before["refusal"]["recall"]["n"] == 18
+    assert f"**none of\nthe 18 refusals** (agreement {before['agreement']['rate']:.3f}, " in ANALYSIS
+    assert f"kappa {before['kappa']:.3f};" in ANALYSIS
     assert (RESULTS / "refusal-labels" / "agreement.json").read_text() == (labels / "agreement.json").read_text()
 
 

@@ -75,6 +75,18 @@ def test_a_blind_sheet_then_the_judges_agreement(answer_folders, tmp_path):
     assert result["dev"]["n"] == result["held_out"]["n"] == 3
     assert set(result["by_model"]) == {str(folder) for folder in answer_folders}
     assert [d["id"] for d in result["disagreements"]] == [1]
+    assert result["as_scored"] is None  # the answer files carry no verdicts of their own
+
+    # Verdicts stored with the answers (the judge of the code that answered): measured beside the judge's own.
+    for folder in answer_folders:
+        rows = [json.loads(line) for line in (folder / "xstest.jsonl").read_text().splitlines()]
+        stored = [{**row, "class": "full_compliance"} for row in rows]  # a judge that never saw a refusal
+        (folder / "xstest.jsonl").write_text("".join(json.dumps(row) + "\n" for row in stored))
+    result = refusal_labels.score_sheet(out)
+    assert result["all"]["agreement"]["hits"] == 5  # unchanged
+    # It agrees on the answers labelled full_compliance: three, less row 1 (one of them, relabelled partial above).
+    assert [row["label"] for row in labelled].count("full_compliance") == 2
+    assert result["as_scored"]["agreement"]["hits"] == 2 and result["as_scored"]["refusal"]["recall"]["hits"] == 0
 
 
 def test_an_odd_count_or_a_missing_file_is_one_line(tmp_path):

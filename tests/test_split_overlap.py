@@ -3,6 +3,7 @@ and val splits, by hand on two small run folders."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 
@@ -48,3 +49,23 @@ def test_overlap_counts_the_first_evaluated_prompts_by_hand(tmp_path, capsys):
     assert f"2 of the 5 evaluated prompts of {run} are in {old}'s test split" in out
     with pytest.raises(UserError, match="has no completed data stage"):
         script().overlap(tmp_path / "missing", old, 4)
+
+
+def test_published_weights_are_compared_stage_by_stage(tmp_path, capsys):
+    """Only stages with a model in both runs, in pipeline order; equal bytes are identical, one byte apart are not."""
+    run = data_stage(tmp_path / "new", {"train": ["t1"], "val": ["v1"], "test": ["a"]})
+    old = data_stage(tmp_path / "old", {"train": ["t1"], "val": ["v1"], "test": ["b"]})
+    files = {("new", "sft"): b"same", ("old", "sft"): b"same", ("new", "ppo"): b"one", ("old", "ppo"): b"two"}
+    files[("new", "dpo")] = b"only in one run"
+    for (name, stage), content in files.items():
+        (tmp_path / name / stage / "model").mkdir(parents=True)
+        (tmp_path / name / stage / "model" / "model.safetensors").write_bytes(content)
+    sha = {content: hashlib.sha256(content).hexdigest() for content in files.values()}
+    assert script().same_weights(run, old) == {
+        "sft": {"sha256": [sha[b"same"], sha[b"same"]], "identical": True},
+        "ppo": {"sha256": [sha[b"one"], sha[b"two"]], "identical": False},
+    }
+    script().main([str(run), str(old), "--prompts", "1", "--out", str(tmp_path / "overlap.json")])
+    assert "sft: model.safetensors byte-identical in both runs" in capsys.readouterr().out
+    written = json.loads((tmp_path / "overlap.json").read_text())
+    assert list(written["weights"]) == ["sft", "ppo"] and written["in_other_test"] == 0
