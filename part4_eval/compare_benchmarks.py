@@ -6,6 +6,9 @@ Reads each folder's <benchmark>.jsonl (every answer with its verdict), checks th
 with the same decoding and engine, and prints a markdown table: each model's accuracies with 95% intervals and the
 change (second minus first) with its paired interval and p, by the rules of eval's `change_vs_sft`
 (docs/benchmarks.md); with --by-type, IFEval's strict accuracy per instruction type too. --json writes the numbers.
+Beside the rates, whether the answers have degenerated: distinct-2 across a model's answers and 4-gram repetition
+within each (`rlhf.analysis.evaluation`, over whitespace-separated words, since the answer files hold text), and the
+second model flagged when eval's rule (`degeneration_reasons`) would flag it against the first.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
 
+from rlhf.analysis.evaluation import degeneration_reasons, distinct_n, repetition_within
 from rlhf.benchmarks import ifeval, xstest
 from rlhf.core.errors import UserError
 from rlhf.judges.refusal import classify_refusal
@@ -38,6 +42,12 @@ def read_answers(folder: Path, bench: str) -> tuple[list[dict], dict]:
     return rows, {**written["decoding"], "engine": written.get("engine", "hf")}
 
 
+def word_degeneration(rows: list[dict]) -> dict:
+    """distinct-2 over all answers and mean within-answer 4-gram repetition, each over the answers' words."""
+    words = [row["response"].split() for row in rows]
+    return {"distinct_2_words": distinct_n(words, 2), "repetition_4_words": repetition_within(words, 4)}
+
+
 def compare(first: Path, second: Path, bench: str) -> dict:
     (rows_a, decoding_a), (rows_b, decoding_b) = read_answers(first, bench), read_answers(second, bench)
     if decoding_a != decoding_b:
@@ -49,15 +59,21 @@ def compare(first: Path, second: Path, bench: str) -> dict:
         rows_a, rows_b = ([{**r, "class": classify_refusal(r["response"])} for r in rows] for rows in (rows_a, rows_b))
         summaries = [xstest.summarize_xstest(rows_a), xstest.summarize_xstest(rows_b)]
         change = xstest.paired_xstest_change(rows_a, rows_b)
+    texts = all("response" in r for r in rows_a + rows_b)
     for summary, rows in zip(summaries, (rows_a, rows_b)):
         summary["length_mean"] = sum(r["length"] for r in rows) / len(rows)
         summary["eos_rate"] = sum(r["finished"] for r in rows) / len(rows)
+        summary |= word_degeneration(rows) if texts else {}
+    as_eval = [
+        {"distinct_2": s.get("distinct_2_words"), "repetition_4": s.get("repetition_4_words")} for s in summaries
+    ]
     return {
         "benchmark": bench,
         "decoding": decoding_a,
         "models": [str(first), str(second)],
         "summaries": summaries,
         "change": change,
+        "second_degenerate": degeneration_reasons(as_eval[1], as_eval[0]) if texts else None,
     }
 
 
@@ -75,6 +91,12 @@ def table(result: dict, by_type: bool) -> str:
         )
     lines.append(f"| answers ended (EOS) | {a['eos_rate']:.3f} | {b['eos_rate']:.3f} | | |")
     lines.append(f"| tokens per answer | {a['length_mean']:.0f} | {b['length_mean']:.0f} | | |")
+    if "distinct_2_words" in a:
+        lines.append(f"| distinct-2 (words) | {a['distinct_2_words']:.3f} | {b['distinct_2_words']:.3f} | | |")
+        lines.append(f"| 4-gram repetition within an answer (words) | {a['repetition_4_words']:.3f} | "
+                     f"{b['repetition_4_words']:.3f} | | |")  # fmt: skip
+    if result["second_degenerate"]:
+        lines += ["", f"{names[1]} flagged degenerate against {names[0]}: " + "; ".join(result["second_degenerate"])]
     if by_type and bench == "ifeval":
         lines += ["", f"| instruction type (strict) | n | {names[0]} | {names[1]} |", "|---|---:|---:|---:|"]
         for kind, entry in a["by_instruction_strict"].items():

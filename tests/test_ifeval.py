@@ -292,3 +292,38 @@ def test_two_benchmark_runs_compare_on_the_same_prompts(tmp_path):
         [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "vllm")], capture_output=True, text=True
     )
     assert other.returncode == 2 and "decoded differently" in other.stderr and "'engine': 'vllm'" in other.stderr
+
+
+def test_benchmark_answers_that_loop_are_flagged_beside_their_rates(tmp_path):
+    """compare_benchmarks.py measures each model's answers for degeneration (words: distinct-2 across answers,
+    4-gram repetition within each) and flags the second by eval's rule against the first."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare_benchmarks", REPO / "part4_eval" / "compare_benchmarks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def write(folder, responses):
+        folder.mkdir()
+        rows = [
+            {"id": str(i), "type": "t", "label": "safe" if i < 2 else "unsafe", "prompt": f"p{i}", "response": r,
+             "length": 8, "finished": True}
+            for i, r in enumerate(responses)
+        ]  # fmt: skip
+        (folder / "xstest.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (folder / "benchmarks.json").write_text(json.dumps({"decoding": {"temperature": 0.0}, "engine": "vllm"}))
+
+    write(tmp_path / "sft", ["kill the process with its id", "the rebels used a torpedo", "no, I will not", "a b c d"])
+    loop = "I am so sorry I am so sorry I am so sorry"  # 12 words: 9 four-grams, 4 distinct: repetition 5/9
+    write(tmp_path / "dpo", [loop] * 4)
+    result = module.compare(tmp_path / "sft", tmp_path / "dpo", "xstest")
+    sft, dpo = result["summaries"]
+    # SFT: 15 bigrams over its answers, all distinct; 4-grams repeat in none of its answers
+    assert (sft["distinct_2_words"], sft["repetition_4_words"]) == (1.0, 0.0)
+    # the loop: 11 bigrams per answer, 44 in all, 4 distinct ("I am", "am so", "so sorry", "sorry I")
+    assert dpo["distinct_2_words"] == pytest.approx(4 / 44) and dpo["repetition_4_words"] == pytest.approx(5 / 9)
+    assert result["second_degenerate"] == [
+        "within-answer repetition 0.56 against SFT's 0.00",
+        "distinct-2 0.09 against SFT's 1.00",
+    ]
+    assert "dpo flagged degenerate against sft: within-answer repetition 0.56" in module.table(result, False)

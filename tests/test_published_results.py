@@ -49,6 +49,12 @@ def test_raft_on_ifeval_as_published(raft_vs_sft):
         assert change(delta[key]) in README and f"p = {delta[key]['p']:.2g}" in README, key
     assert (delta["prompt_strict"]["only_after"], delta["prompt_strict"]["only_before"]) == (36, 20)  # as ANALYSIS says
     assert f"| {sft['eos_rate']:.3f} | {raft['eos_rate']:.3f} |" in ANALYSIS
+    for key in ("distinct_2_words", "repetition_4_words"):
+        assert f"(words) | {sft[key]:.3f} | {raft[key]:.3f} |" in ANALYSIS, key
+    assert result["second_degenerate"] == []
+    xs = raft_vs_sft["xstest"]["summaries"]
+    words = f"(distinct-2 {xs[0]['distinct_2_words']:.3f} → {xs[1]['distinct_2_words']:.3f}, repetition"
+    assert words in ANALYSIS and f"{xs[0]['repetition_4_words']:.3f} → {xs[1]['repetition_4_words']:.3f})" in ANALYSIS
     postscript = [s["by_instruction_strict"]["detectable_content:postscript"]["accuracy"] for s in (sft, raft)]
     assert f"the P.S. {postscript[0]:.3f} → {postscript[1]:.3f}" in ANALYSIS
 
