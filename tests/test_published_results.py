@@ -128,3 +128,15 @@ def test_the_over_optimisation_curves_as_published():
     assert (
         f"peaks at {peak['gold_score']:.3f} (KL {peak['kl']:.2f} nats) and ends at {grpo[-1]['gold_score']:.3f}" in text
     )
+
+
+def test_the_sealed_split_check_as_published():
+    """ANALYSIS's "How the test was sealed", items 3 and 4: part4_eval/split_overlap.py's counts and digests."""
+    counts = json.loads((RESULTS / "tiny" / "split-overlap.json").read_text())
+    overlap = (
+        f"{counts['in_other_test']} of {counts['evaluated_prompts']}, {counts['in_train']} in train, "
+        f"{counts['in_val']} in val, {counts['distinct_test_prompts']} distinct test prompts"
+    )
+    assert overlap in ANALYSIS.replace("\n   ", " ")
+    assert list(counts["weights"]) == ["sft", "reward", "ppo", "dpo"]
+    assert all(entry["identical"] for entry in counts["weights"].values())
