@@ -1,4 +1,5 @@
-"""End-to-end through the real command line: data -> SFT -> reward model, resume, DDP, bad input, gpt2-hh offline."""
+"""End-to-end through the real command line: data -> SFT -> reward model, re-runs, bad input, gpt2-hh offline. (A killed
+SFT resumes to the uninterrupted run's weights: tests/faults/test_kill.py; a killed PPO: tests/test_ppo_grpo_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -6,15 +7,11 @@ import hashlib
 import json
 import math
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TINY_TEST_OVERRIDES, read_summary, run_script
+from conftest import TINY_TEST_OVERRIDES, read_summary, run_script
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -128,50 +125,6 @@ def test_rerun_skips_a_complete_stage_and_reruns_after_a_config_change(tiny_run,
     assert read_summary(run)["reward_model"]["steps"] == 3
     # The upstream stages were not touched by the reward change.
     assert "already complete" in run_script("part1_reward/train_sft.py", run, *TINY_TEST_OVERRIDES).stdout
-
-
-def test_killed_stage_resumes_to_the_same_result(tiny_run, tmp_path):
-    """Kill SFT after its first checkpoint, resume, and end where an uninterrupted run ends."""
-    overrides = [
-        *TINY_TEST_OVERRIDES,
-        "sft.max_steps=40",
-        "sft.save_every=10",
-        "sft.gold_eval_prompts=4",
-        "sft.num_samples=2",
-    ]
-    killed = tmp_path / "killed"
-    shutil.copytree(tiny_run / "data", killed / "data")
-    shutil.copy(tiny_run / "summary.json", killed / "summary.json")
-    command = [
-        sys.executable,
-        str(REPO / "part1_reward/train_sft.py"),
-        "--preset",
-        "tiny",
-        "--output-dir",
-        str(killed),
-        *overrides,
-    ]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
-    deadline = time.time() + 300
-    while not (killed / "sft" / "checkpoint" / "state.json").is_file():
-        assert process.poll() is None and time.time() < deadline, "SFT ended or stalled before its first checkpoint"
-        time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (killed / "sft" / "complete.json").exists()
-
-    resumed = run_script("part1_reward/train_sft.py", killed, *overrides)
-    assert "resumed from step" in resumed.stdout + resumed.stderr
-    assert json.loads((killed / "sft" / "complete.json").read_text())["steps"] == 40
-    assert not (killed / "sft" / "checkpoint").exists()
-
-    straight = tmp_path / "straight"
-    shutil.copytree(tiny_run / "data", straight / "data")
-    shutil.copy(tiny_run / "summary.json", straight / "summary.json")
-    run_script("part1_reward/train_sft.py", straight, *overrides)
-    a = load_file(killed / "sft" / "model" / "model.safetensors")
-    b = load_file(straight / "sft" / "model" / "model.safetensors")
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
 
 
 HH_PROMPT = "\n\nHuman: How do I bake bread?\n\nAssistant:"

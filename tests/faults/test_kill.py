@@ -37,6 +37,7 @@ def test_kill_mid_checkpoint_write_resumes_from_the_previous_one_and_ends_identi
     assert code == 0, output
     assert "resumed from step 4/12" in output
     assert json.loads((run / "sft" / "complete.json").read_text())["steps"] == 12
+    assert not (run / "sft" / "checkpoint").exists()  # removed once the stage completed
     assert differences(outcome(sft_reference, "sft"), outcome(run, "sft")) == []
 
 
