@@ -140,3 +140,13 @@ def test_the_sealed_split_check_as_published():
     assert overlap in ANALYSIS.replace("\n   ", " ")
     assert list(counts["weights"]) == ["sft", "reward", "ppo", "dpo"]
     assert all(entry["identical"] for entry in counts["weights"].values())
+
+
+def test_the_grpo_ifeval_run_as_published():
+    """ANALYSIS's GRPO-on-IFEval paragraph: its last iteration and its time, from the run's published results."""
+    run = RESULTS / "smollm2-ifeval" / "grpo-run"
+    grpo = json.loads((run / "grpo" / "results.json").read_text())
+    text = ANALYSIS.replace("\n  ", " ")
+    assert f"the training reward was {grpo['train_score_mean']:.3f} and {grpo['train_zero_std_groups']:.1%}" in text
+    seconds = json.loads((run / "summary.json").read_text())["timing_s"]["grpo"]
+    assert f"GRPO took {seconds:,.0f} s ({grpo['time_per_sample_ms'] / 1000:.1f} s per sample" in text
