@@ -150,3 +150,14 @@ def test_the_grpo_ifeval_run_as_published():
     assert f"the training reward was {grpo['train_score_mean']:.3f} and {grpo['train_zero_std_groups']:.1%}" in text
     seconds = json.loads((run / "summary.json").read_text())["timing_s"]["grpo"]
     assert f"GRPO took {seconds:,.0f} s ({grpo['time_per_sample_ms'] / 1000:.1f} s per sample" in text
+
+
+def test_the_length_heuristic_on_validation_as_published():
+    """ANALYSIS: reward.length_heuristic on and off, the reward stage alone on the sealed run's data and SFT."""
+    on, off = (
+        json.loads((RESULTS / run / "summary.json").read_text())["reward_model"] for run in ("tiny", "tiny-lh-off")
+    )
+    text = ANALYSIS.replace("\n", " ")
+    accuracy = f"validation pairs {on['val_accuracy']:.3f} with it and {off['val_accuracy']:.3f} without"
+    assert accuracy in text
+    assert f"validation pairs {on['val_gold_accuracy']:.3f} and {off['val_gold_accuracy']:.3f}" in text
