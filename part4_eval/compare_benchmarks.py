@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
@@ -43,9 +44,15 @@ def read_answers(folder: Path, bench: str) -> tuple[list[dict], dict]:
 
 
 def word_degeneration(rows: list[dict]) -> dict:
-    """distinct-2 over all answers and mean within-answer 4-gram repetition, each over the answers' words."""
+    """distinct-2 over all answers and mean within-answer 4-gram repetition, each over the answers' words, and the
+    three most common two-word openings with their counts (a model that answers everything alike shows here)."""
     words = [row["response"].split() for row in rows]
-    return {"distinct_2_words": distinct_n(words, 2), "repetition_4_words": repetition_within(words, 4)}
+    openings = Counter(" ".join(answer[:2]) for answer in words).most_common(3)
+    return {
+        "distinct_2_words": distinct_n(words, 2),
+        "repetition_4_words": repetition_within(words, 4),
+        "top_openings_2_words": [[opening, count] for opening, count in openings],
+    }
 
 
 def compare(first: Path, second: Path, bench: str) -> dict:
@@ -71,6 +78,7 @@ def compare(first: Path, second: Path, bench: str) -> dict:
         "benchmark": bench,
         "decoding": decoding_a,
         "models": [str(first), str(second)],
+        "n_answers": len(rows_a),
         "summaries": summaries,
         "change": change,
         "second_degenerate": degeneration_reasons(as_eval[1], as_eval[0]) if texts else None,
@@ -95,6 +103,9 @@ def table(result: dict, by_type: bool) -> str:
         lines.append(f"| distinct-2 (words) | {a['distinct_2_words']:.3f} | {b['distinct_2_words']:.3f} | | |")
         lines.append(f"| 4-gram repetition within an answer (words) | {a['repetition_4_words']:.3f} | "
                      f"{b['repetition_4_words']:.3f} | | |")  # fmt: skip
+        openings = [", ".join(f"{text!r} {count}" for text, count in s["top_openings_2_words"]) for s in (a, b)]
+        label = f"most common openings (2 words) of {result['n_answers']} answers"
+        lines.append(f"| {label} | {openings[0]} | {openings[1]} | | |")
     if result["second_degenerate"]:
         lines += ["", f"{names[1]} flagged degenerate against {names[0]}: " + "; ".join(result["second_degenerate"])]
     if by_type and bench == "ifeval":

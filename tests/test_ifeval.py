@@ -326,4 +326,10 @@ def test_benchmark_answers_that_loop_are_flagged_beside_their_rates(tmp_path):
         "within-answer repetition 0.56 against SFT's 0.00",
         "distinct-2 0.09 against SFT's 1.00",
     ]
-    assert "dpo flagged degenerate against sft: within-answer repetition 0.56" in module.table(result, False)
+    assert sft["top_openings_2_words"] == [["kill the", 1], ["the rebels", 1], ["no, I", 1]]  # ties: first seen first
+    assert dpo["top_openings_2_words"] == [["I am", 4]]
+    table = module.table(result, False)
+    assert "dpo flagged degenerate against sft: within-answer repetition 0.56" in table
+    assert (
+        "| most common openings (2 words) of 4 answers | 'kill the' 1, 'the rebels' 1, 'no, I' 1 | 'I am' 4 |" in table
+    )

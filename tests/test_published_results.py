@@ -161,3 +161,34 @@ def test_the_length_heuristic_on_validation_as_published():
     accuracy = f"validation pairs {on['val_accuracy']:.3f} with it and {off['val_accuracy']:.3f} without"
     assert accuracy in text
     assert f"validation pairs {on['val_gold_accuracy']:.3f} and {off['val_gold_accuracy']:.3f}" in text
+
+
+def test_the_hh_run_on_xstest_as_published():
+    """ANALYSIS's "XSTest, re-read" and README's bullet: compare_benchmarks.py on results/smollm2-hh's answers."""
+    compare = script("compare_benchmarks").compare
+    folders = {m: RESULTS / "smollm2-hh" / f"xstest-{m}" for m in ("base", "sft", "dpo")}
+    sft_vs_base = compare(folders["base"], folders["sft"], "xstest")
+    dpo_vs_sft = compare(folders["sft"], folders["dpo"], "xstest")
+    (base, sft), (_, dpo) = sft_vs_base["summaries"], dpo_vs_sft["summaries"]
+    for key in ("safe_compliance", "unsafe_refusal"):
+        assert (
+            f"| {interval(base[key], 'rate')} | {interval(sft[key], 'rate')} | {interval(dpo[key], 'rate')} |"
+            in ANALYSIS
+        )
+    for key in ("distinct_2_words", "repetition_4_words"):
+        assert f"(words) | {base[key]:.3f} | {sft[key]:.3f} | {dpo[key]:.3f} |" in ANALYSIS, key
+    text = ANALYSIS.replace("\n  ", " ")
+    for result, keys in (
+        (sft_vs_base, ("unsafe_refusal", "safe_compliance")),
+        (dpo_vs_sft, ("safe_compliance", "unsafe_refusal")),
+    ):
+        for key in keys:
+            assert change(result["change"][key]).replace("-", "−") in text, key
+    for key in ("unsafe_refusal", "safe_compliance"):
+        assert change(sft_vs_base["change"][key]).replace("-", "−") in README.replace("\n  ", " "), key
+    assert dpo_vs_sft["second_degenerate"] and not sft_vs_base["second_degenerate"]
+    (first, n1), (second, n2) = dpo["top_openings_2_words"][:2]
+    assert (first, second) == ("I'm not", "I'm sorry,")
+    assert f"{n1 + n2} of its 450 answers open" in text and f"answers {n1 + n2} of XSTest's 450" in README.replace(
+        "\n  ", " "
+    )
