@@ -7,9 +7,10 @@ Copies what a number in README or ANALYSIS is computed from, never weights: summ
 config.yaml and results.json, data/stats.json, eval's per-prompt verdicts (win_rates.json, suites/*.jsonl,
 benchmarks/*.jsonl) and every model's answers (eval/responses/*.jsonl), part4_eval/seeds.py's summaries and every
 seed run's answers (seeds/, pipeline_seeds/: what part4_eval/seed_tables.py recomputes), the RL stages' held-out
-samples (eval_samples.jsonl), every stage's logged metrics (metrics.jsonl, its curves), overoptimization.py's
-points, and part4_eval/benchmarks.py's benchmarks.json with its answers. A file over --max-mb is left out and
-named. Writes MANIFEST.json: each file's size and sha256, the source folder and the command.
+samples (eval_samples.jsonl) and DPO's (dpo/samples.jsonl, what part4_eval/degeneration.py reads), every stage's
+logged metrics (metrics.jsonl, its curves), overoptimization.py's points, and part4_eval/benchmarks.py's
+benchmarks.json with its answers. A file over --max-mb is left out and named. Writes MANIFEST.json: each file's
+size and sha256, the source folder and the command.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ PATTERNS = (
     "eval/suites/*.jsonl",
     "eval/benchmarks/*.jsonl",
     "*/eval_samples.jsonl",
+    "dpo/samples.jsonl",
     "*/metrics.jsonl",
     "eval/responses/*.jsonl",
     "overopt/overoptimization.json",

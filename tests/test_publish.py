@@ -16,6 +16,8 @@ def test_publish_copies_results_not_weights_and_names_what_it_left_out(tmp_path)
         "sft/model/model.safetensors": "weights",
         "grpo/results.json": "{}",
         "grpo/eval_samples.jsonl": "{}\n",
+        "dpo/samples.jsonl": "{}\n",
+        "ppo/samples.jsonl": "{}\n",  # training samples: not a published number's source
         "eval/benchmarks/ifeval.jsonl": '{"key": "1"}\n',
         "eval/responses/sft.jsonl": "{}\n",
         "eval/win_rates.json": "x" * 3000,
@@ -38,6 +40,7 @@ def test_publish_copies_results_not_weights_and_names_what_it_left_out(tmp_path)
         "sft/config.yaml",
         "grpo/results.json",
         "grpo/eval_samples.jsonl",
+        "dpo/samples.jsonl",
         "eval/benchmarks/ifeval.jsonl",
         "eval/responses/sft.jsonl",  # every model's answers, and the seed runs': what seed_tables.py recomputes
         "pipeline_seeds/summary.json",

@@ -192,3 +192,44 @@ def test_the_hh_run_on_xstest_as_published():
     assert f"{n1 + n2} of its 450 answers open" in text and f"answers {n1 + n2} of XSTest's 450" in README.replace(
         "\n  ", " "
     )
+
+
+def test_the_hh_dpo_rate_chosen_again_as_published():
+    """ANALYSIS's "DPO's learning rate, chosen again": the guard's table from degeneration.py's JSON and each run's
+    summary, the rule's pick, the preset's rate, and the chosen model's one XSTest reading (compare_benchmarks.py)."""
+    import yaml
+
+    hh = RESULTS / "smollm2-hh"
+    guard = {entry["run"].split("/")[-1]: entry for entry in json.loads((hh / "dpo-lr-guard.json").read_text())}
+    runs = {  # run folder: (its published results, the table's label)
+        "smollm2-hh-dpo-1e-4": (hh / "dpo-lr1e-4", "1e-4"),
+        "smollm2-hh-dpo-2e-4": (hh / "dpo-lr2e-4", "**2e-4**"),
+        "smollm2-hh": (hh, "5e-4 (the preset until now)"),
+    }
+    validation = {}
+    for run, (folder, label) in runs.items():
+        m, dpo = guard[run], json.loads((folder / "summary.json").read_text())["dpo"]
+        assert m["validation"]["val_accuracy"] == pytest.approx(dpo["val_accuracy"])
+        validation[run] = (round(dpo["val_accuracy"], 6), -dpo["val_loss"])
+        bold = "**" if label.startswith("**") else ""
+        policy, sft = m["policy"], m["sft"]
+        row = (
+            f"| {label} | {bold}{dpo['val_accuracy']:.3f}{bold} | {bold}{dpo['val_loss']:.3f}{bold} | "
+            f"{policy['distinct_2']:.3f} ({sft['distinct_2']:.3f}) | "
+            f"{policy['repetition_4']:.3f} ({sft['repetition_4']:.3f}) | {'yes' if m['degenerate'] else 'no'} |"
+        )
+        assert row in ANALYSIS, run
+    # the rule: the best validation accuracy among the unflagged, a tie to the lower validation loss
+    chosen = max((run for run in runs if not guard[run]["degenerate"]), key=validation.get)
+    assert chosen == "smollm2-hh-dpo-2e-4"
+    assert yaml.safe_load((REPO / "configs" / "smollm2-hh.yaml").read_text())["dpo"]["lr"] == 2.0e-4
+
+    result = script("compare_benchmarks").compare(hh / "xstest-sft", hh / "xstest-dpo-lr2e-4", "xstest")
+    text, readme = ANALYSIS.replace("\n", " "), README.replace("\n  ", " ")
+    for key in ("unsafe_refusal", "safe_compliance"):
+        assert change(result["change"][key]).replace("-", "−") in text, key
+        assert change(result["change"][key]).replace("-", "−") in readme, key
+    (_, first), (_, second) = result["summaries"][1]["top_openings_2_words"][:2]
+    assert f'{first + second} of its 450 answers open "I\'m sorry," or "I\'m sorry"' in text
+    assert f"distinct-2 {result['summaries'][1]['distinct_2_words']:.3f} against SFT's" in text
+    assert result["second_degenerate"]
