@@ -40,6 +40,8 @@ def measure(run: Path, stage: str) -> dict:
     rows = read_jsonl(path)
     if not rows or f"{stage}_response" not in rows[0] or "sft_response" not in rows[0]:
         raise UserError(f"{path} holds no {stage}_response and sft_response pairs; give a stage whose samples do")
+    if not (run / "sft" / "model" / "tokenizer_config.json").is_file():
+        raise UserError(f"{run / 'sft' / 'model'} holds no tokenizer; give a run folder whose SFT stage completed")
     from transformers import AutoTokenizer
 
     from rlhf.analysis.evaluation import degeneration_reasons

@@ -56,3 +56,7 @@ def test_a_stage_without_paired_samples_is_one_line(tmp_path):
     (tmp_path / "ppo" / "samples.jsonl").write_text(json.dumps({"prompt": "p", "response": "r"}) + "\n")
     with pytest.raises(UserError, match="holds no ppo_response and sft_response pairs"):
         degeneration.measure(tmp_path, "ppo")
+    (tmp_path / "dpo").mkdir()
+    (tmp_path / "dpo" / "samples.jsonl").write_text(json.dumps({"dpo_response": "a", "sft_response": "b"}) + "\n")
+    with pytest.raises(UserError, match="holds no tokenizer; give a run folder whose SFT stage completed"):
+        degeneration.measure(tmp_path, "dpo")
