@@ -4,7 +4,7 @@ memory, full fine-tuning against `model.lora.*`, each in a fresh process so peak
     python bench/lora_memory.py --preset tiny [--steps 3] [section.key=value ...]
 
 The policy is the preset's model section with random weights (model.init=random: only its shape matters here),
-built and given adapters as the SFT stage does. A step is `rlhf.models.training.train_step` with the SFT loss on random
+built and given adapters as the SFT stage does. A step is `rlhf.loop.step.train_step` with the SFT loss on random
 tokens: sft.micro_batch_size sequences of data.max_prompt_tokens + data.max_response_tokens + 1 tokens, the
 second half of each a response. Peak memory is CUDA max allocated on a GPU, else the process's max RSS, of which
 `step_mb` is the part above the RSS before the first step (the interpreter and libraries left out). Prints one
@@ -41,9 +41,10 @@ def rss_mb() -> float:
 def measure(preset: str, steps: int, overrides: list[str]) -> dict:
     import torch
 
+    from rlhf.loop.step import equal_micro_batches, train_step
     from rlhf.models.lora import with_lora
     from rlhf.models.modeling import build_policy
-    from rlhf.models.training import build_optimizer, build_scheduler, make_accelerator, sft_batch_loss, train_step
+    from rlhf.models.training import build_optimizer, build_scheduler, make_accelerator, sft_batch_loss
     from rlhf.stage.config import load_config, preset_path
     from rlhf.stage.run import RunDir
 
@@ -66,7 +67,10 @@ def measure(preset: str, steps: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         run = RunDir(folder)  # named in train_step's error messages only
         for step in range(steps):
-            train_step("sft", run, step, accelerator, model, optimizer, scheduler, [batch], sft_batch_loss, 1.0)
+            micro = equal_micro_batches([batch], device)
+            train_step(
+                "sft", run, f"step {step + 1}", accelerator, model, optimizer, scheduler, micro, sft_batch_loss, 1.0
+            )
     if device.type == "cuda":
         peak_mb, source = torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_memory_allocated"
     else:

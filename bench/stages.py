@@ -6,7 +6,7 @@ warm-up, on a run folder's data and models. Prints one JSON line (a `StageResult
 `bench/run.py` (the harness) and `bench/vs_trl.py` run this script once per stage, each in its own
 process, so that peak memory (max RSS on CPU) and thread settings belong to one stage alone.
 
-- sft, reward, dpo: `rlhf.models.training.train_step` with the stage's own loss and collation, on the
+- sft, reward, dpo: `rlhf.loop.step.train_step` with the stage's own loss and collation, on the
   first (warm-up + steps) x batch_size training examples, in the stage's epoch order (length
   grouped). DPO's reference pass over those pairs (`split_logps`, forward-only, as the stage
   precomputes it) runs before the first step and counts in `total_s`. The reward model is trained
@@ -49,6 +49,7 @@ from rlhf.core.batching import (  # noqa: E402
 )
 from rlhf.core.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
 from rlhf.data import read_demonstrations, read_jsonl  # noqa: E402
+from rlhf.loop.step import equal_micro_batches, train_step  # noqa: E402
 from rlhf.methods.dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
 from rlhf.models.lora import load_trainable_policy, reference_policy, with_lora  # noqa: E402
 from rlhf.models.memory import peak_memory_mb  # noqa: E402
@@ -58,14 +59,7 @@ from rlhf.models.modeling import (  # noqa: E402
     load_policy,
     load_tokenizer,
 )
-from rlhf.models.training import (  # noqa: E402
-    build_optimizer,
-    build_scheduler,
-    epoch_order,
-    make_accelerator,
-    sft_batch_loss,
-    train_step,
-)
+from rlhf.models.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss  # noqa: E402
 from rlhf.stage.config import Config, load_config, preset_path  # noqa: E402
 from rlhf.stage.run import RunDir  # noqa: E402
 
@@ -247,8 +241,8 @@ def measure_offline(
             for k in range(0, tcfg.batch_size, tcfg.micro_batch_size)
         ]
         train_step(
-            stage, run, step, accelerator, model, optimizer, scheduler, micro_batches, workload.loss_fn,
-            tcfg.max_grad_norm,
+            stage, run, f"step {step + 1}", accelerator, model, optimizer, scheduler,
+            equal_micro_batches(micro_batches, accelerator.device), workload.loss_fn, tcfg.max_grad_norm,
         )  # fmt: skip
         if step >= warmup:
             tokens += sum(int((mb["input_ids"] != workload.pad_id).sum()) for mb in micro_batches)

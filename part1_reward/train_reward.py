@@ -33,7 +33,9 @@ from rlhf.analysis.plots import plot_reward_distributions, plot_training_curves
 from rlhf.analysis.reward_analysis import accuracy_by_group, error_analysis, pearson
 from rlhf.core.batching import chosen_longer, collate_shared_prompt_pairs, encode_pairs, shared_prompt_pair_length
 from rlhf.core.losses import bradley_terry_loss, length_heuristic_bt_loss, logprob_distillation_loss
+from rlhf.core.stages import STAGES
 from rlhf.data import read_jsonl
+from rlhf.loop.fit import fit
 from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.models.lora import with_lora
 from rlhf.models.memory import peak_memory_mb
@@ -46,13 +48,9 @@ from rlhf.models.modeling import (
     load_tokenizer,
     shared_prompt_response_logprobs,
 )
-from rlhf.models.training import fit, forward_map, make_accelerator
+from rlhf.models.training import forward_map, make_accelerator
 from rlhf.stage.run import write_json_atomic
 from rlhf.stage.tracking import MetricLogger
-
-# The two reward models this script trains: the one the methods optimise, and the independent judge's, trained
-# the same way (section `reward`) on pairs that neither that reward model nor any policy saw (data/judge.jsonl).
-SUMMARY_KEYS = {"reward": "reward_model", "judge_rm": "judge_reward_model"}
 
 
 def main(argv: list[str] | None = None, stage: str = "reward") -> None:
@@ -237,10 +235,7 @@ def main(argv: list[str] | None = None, stage: str = "reward") -> None:
         write_json_atomic(run.stage(stage) / "error_analysis.json", analysis)
         plot_training_curves(
             logger.history,
-            [
-                f"{stage}/{key}"
-                for key in ("train/loss", "train/accuracy", "val/accuracy", "train/margin_mean", "train/lr")
-            ],
+            STAGES[stage].curves,
             run.stage(stage) / "curves.png",
             "Reward model" if stage == "reward" else "Independent judge's reward model",
         )
@@ -248,7 +243,7 @@ def main(argv: list[str] | None = None, stage: str = "reward") -> None:
         if by_family:
             results["gold_accuracy_by_family"] = by_family
         results["peak_memory_mb"], results["peak_memory_source"] = peak_memory_mb(accelerator.device)
-        run.update_summary({SUMMARY_KEYS[stage]: results, "timing_s": {stage: logger.elapsed(t_start)}})
+        run.update_summary({STAGES[stage].summary_section: results, "timing_s": {stage: logger.elapsed(t_start)}})
         run.mark_complete(stage, cfg, {"steps": loop["steps"]})
     logger.close()
     accelerator.wait_for_everyone()

@@ -31,12 +31,14 @@ from rlhf.analysis.evaluation import rouge_l
 from rlhf.analysis.plots import plot_training_curves
 from rlhf.core.batching import collate_sequences, encode_demonstrations, encode_texts
 from rlhf.core.ops import masked_sum
+from rlhf.core.stages import STAGES
 from rlhf.data import read_demonstrations, write_jsonl
+from rlhf.loop.fit import fit
 from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.models.lora import with_lora
 from rlhf.models.memory import peak_memory_mb
 from rlhf.models.modeling import build_policy, check_fits_context, load_tokenizer, token_logprobs
-from rlhf.models.training import fit, forward_map, make_accelerator, sft_batch_loss
+from rlhf.models.training import forward_map, make_accelerator, sft_batch_loss
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.generate import sample_responses
 from rlhf.stage.tracking import MetricLogger
@@ -165,12 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     if accelerator.is_main_process:
         save_pretrained_atomic(model, tokenizer, run.model_dir("sft"))
         write_jsonl(run.stage("sft") / "samples.jsonl", samples)
-        plot_training_curves(
-            logger.history,
-            ["sft/train/loss", "sft/val/loss", "sft/train/lr", "sft/train/grad_norm"],
-            run.stage("sft") / "curves.png",
-            "SFT",
-        )
+        plot_training_curves(logger.history, STAGES["sft"].curves, run.stage("sft") / "curves.png", "SFT")
         results["peak_memory_mb"], results["peak_memory_source"] = peak_memory_mb(accelerator.device)
         run.update_summary({"sft": results, "timing_s": {"sft": logger.elapsed(t_start)}})
         run.mark_complete("sft", cfg, {"steps": loop["steps"]})

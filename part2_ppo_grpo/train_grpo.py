@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
@@ -50,12 +50,14 @@ from tqdm.auto import tqdm
 from rlhf.analysis.evaluation import sequence_kl
 from rlhf.core.losses import grpo_loss
 from rlhf.core.ops import group_advantages, masked_mean, masked_moments, moments_mean_var
-from rlhf.methods.passes import accumulate, check_finite_loss, minibatch_indices, weighted_micro_batches
+from rlhf.core.stages import STAGES
+from rlhf.loop.step import train_step
+from rlhf.methods.passes import minibatch_indices, rollout_micro_batches
 from rlhf.methods.plan import check_group_packing, plan_rl
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.modeling import load_reward_model
 from rlhf.models.roles import frozen
-from rlhf.models.training import build_optimizer, optimizer_step
+from rlhf.models.training import build_optimizer
 from rlhf.online.harness import OnlineStage
 from rlhf.online.sampling import engine_mismatch_metrics, importance_weights
 from rlhf.online.stats import flat_reward_warning
@@ -64,27 +66,43 @@ from rlhf.rollout.forward import rollout_logprobs
 from rlhf.rollout.layout import RowLayout
 from rlhf.rollout.packing import check_packable
 
-CURVES = [
-    "grpo/objective/scores",
-    "grpo/gold/score_mean",
-    "grpo/objective/kl",
-    "grpo/objective/entropy",
-    "grpo/objective/zero_std_groups",
-    "grpo/responses/length_mean",
-    "grpo/responses/eos_rate",
-    "grpo/policy/clipfrac",
-    "grpo/policy/approxkl",
-    "grpo/policy/k3_kl",
-    "grpo/responses/length_score_corr",
-    "grpo/rollout/mismatch_kl",
-    "grpo/train/loss",
-    "grpo/train/grad_norm",
-]
-EVAL_CURVES = [
-    "grpo/eval/reward_mean",
-    "grpo/eval/gold_score_mean",
-    "grpo/eval/kl_to_ref",
-]  # drawn when grpo.eval_every > 0
+CURVES = list(STAGES["grpo"].curves)
+EVAL_CURVES = list(STAGES["grpo"].eval_curves)  # drawn when grpo.eval_every > 0
+
+
+def grpo_loss_fn(gcfg, layout: RowLayout, tis_cap: float | None, seen_logprobs: torch.Tensor | None = None):
+    """GRPO's loss on a selection of rollouts (`Rollout.select`, carrying their advantages and old and reference
+    log-probs): (policy, chunk) -> (loss, token-mean statistics). Without old log-probs (on-policy) the pass's own,
+    detached, are the old ones, and are written into `seen_logprobs` (N, T) at the chunk's rows."""
+
+    def loss_fn(policy, chunk):
+        mask = chunk.response_mask  # (b, t)
+        new_logprobs, token_entropy = layout.training_pass(policy, chunk, gcfg.temperature)  # (b, t) each
+        old_logprobs = new_logprobs.detach() if chunk.old_logprobs is None else chunk.old_logprobs
+        loss, loss_stats = grpo_loss(
+            new_logprobs,
+            old_logprobs,
+            chunk.ref_logprobs,
+            chunk.advantages,
+            mask,
+            gcfg.clip,
+            gcfg.clip if gcfg.clip_high is None else gcfg.clip_high,
+            gcfg.kl_coef,
+            gcfg.loss_normalization,
+            importance_weights(chunk, old_logprobs, tis_cap),
+            gcfg.ratio_level,
+        )
+        if seen_logprobs is not None:
+            seen_logprobs[chunk.rows, : mask.shape[1]] = torch.where(mask, new_logprobs.detach(), 0.0)
+        return loss, {
+            "policy/approxkl": loss_stats["approxkl"],
+            "policy/clipfrac": loss_stats["clipfrac"],
+            "policy/ratio_mean": loss_stats["ratio_mean"],
+            "policy/k3_kl": loss_stats["kl"],
+            "objective/entropy": masked_mean(token_entropy, mask),
+        }
+
+    return loss_fn
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -102,7 +120,6 @@ def main(argv: list[str] | None = None) -> None:
     plan = plan_rl("grpo", gcfg, accelerator.num_processes, len(stage.prompts.train_ids), gcfg.group_size)
     check_group_packing(plan, gcfg)
     sampling = SamplingConfig(gcfg.max_new_tokens, gcfg.temperature, gcfg.top_p, gcfg.top_k)
-    clip_high = gcfg.clip if gcfg.clip_high is None else gcfg.clip_high
     G = gcfg.group_size
     on_policy = gcfg.epochs == 1 and gcfg.num_minibatches == 1  # old log-probs = new ones, detached
     layout = RowLayout(G if gcfg.pack_groups else 1)  # a packed group's G responses share one prompt pass
@@ -153,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
 
         # 4b. No-grad passes: old log-probs (only off-policy), reference log-probs (only beta > 0); the score.
         with accelerator.autocast():
-            logprobs = (
+            old_logprobs = (
                 None if on_policy else rollout_logprobs(policy, rollout, gcfg.temperature, batch_size, layout)
             )  # (N, T)
             ref_logprobs = (
@@ -164,60 +181,40 @@ def main(argv: list[str] | None = None) -> None:
         scored = stage.score(rollout, local_rows, batch_size, layout)
         scores = scored.scores  # (N,)
 
-        # 4c. Group-relative advantages (DeepSeekMath section 4.1.2; Dr. GRPO without the std; RLOO's baseline).
+        # 4c. Group-relative advantages (DeepSeekMath section 4.1.2; Dr. GRPO without the std; RLOO's baseline),
+        #     carried with the rollouts from here on.
         advantages, zero_std = group_advantages(
             scores, G, scale=gcfg.scale_rewards, leave_one_out=gcfg.baseline == "leave_one_out"
         )  # (N,), (N / G,)
+        rollout = replace(
+            rollout, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, advantages=advantages, scores=scores
+        )
         t2 = time.perf_counter()
 
         # 4d. Epochs over minibatches; micro-batches weighted to reproduce the chosen normalisation over all
-        #     processes, their metrics weighted by their share of the minibatch's tokens (`weighted_micro_batches`).
-        policy.train()
+        #     processes, their metrics weighted by their share of the minibatch's tokens (`rollout_micro_batches`).
         generator = torch.Generator().manual_seed(seed * 1_000_003 + stage.iteration * 101 + accelerator.process_index)
-        seen_logprobs = torch.zeros_like(mask, dtype=torch.float32) if on_policy else logprobs  # for the KL metric
+        seen_logprobs = torch.zeros_like(mask, dtype=torch.float32) if on_policy else old_logprobs  # for the KL metric
+        loss_fn = grpo_loss_fn(gcfg, layout, cfg.rollout.tis_cap, seen_logprobs if on_policy else None)
         stats: dict[str, list[torch.Tensor]] = {}
         for _ in range(gcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator, layout):
-                micro = weighted_micro_batches(
+                micro = rollout_micro_batches(
                     accelerator, minibatch.to(device), rollout, plan.micro_batch_size, gcfg.loss_normalization, layout
                 )
-                step_stats: dict[str, torch.Tensor] = {}
-                for k, (rows, t, weight, token_share) in enumerate(micro):
-                    micro_mask = mask[rows, :t]  # (b, t)
-                    with accelerator.no_sync(policy) if k < len(micro) - 1 else nullcontext():
-                        new_logprobs, token_entropy = layout.training_pass(
-                            policy, rollout.select(rows), gcfg.temperature
-                        )  # (b, t) each
-                        old_logprobs = new_logprobs.detach() if on_policy else logprobs[rows, :t]
-                        loss, loss_stats = grpo_loss(
-                            new_logprobs,
-                            old_logprobs,
-                            None if ref_logprobs is None else ref_logprobs[rows, :t],
-                            advantages[rows],
-                            micro_mask,
-                            gcfg.clip,
-                            clip_high,
-                            gcfg.kl_coef,
-                            gcfg.loss_normalization,
-                            importance_weights(rollout, old_logprobs, rows, t, cfg.rollout.tis_cap),
-                            gcfg.ratio_level,
-                        )
-                        check_finite_loss("grpo", loss, stage.iteration, run)
-                        accelerator.backward(loss * weight)
-                    if on_policy:
-                        seen_logprobs[rows, :t] = torch.where(micro_mask, new_logprobs.detach(), 0.0)
-                    accumulate(step_stats, {"train/loss": loss}, weight)  # the loss as optimised
-                    token_means = {
-                        "policy/approxkl": loss_stats["approxkl"],
-                        "policy/clipfrac": loss_stats["clipfrac"],
-                        "policy/ratio_mean": loss_stats["ratio_mean"],
-                        "policy/k3_kl": loss_stats["kl"],
-                        "objective/entropy": masked_mean(token_entropy, micro_mask),
-                    }
-                    accumulate(step_stats, token_means, token_share)
-                grad_norm = optimizer_step(accelerator, policy, optimizer, scheduler, gcfg.max_grad_norm)
-                if grad_norm is not None:
-                    step_stats["train/grad_norm"] = grad_norm
+                step_stats = train_step(
+                    "grpo",
+                    run,
+                    f"iteration {stage.iteration + 1}",
+                    accelerator,
+                    policy,
+                    optimizer,
+                    scheduler,
+                    micro,
+                    loss_fn,
+                    gcfg.max_grad_norm,
+                    key_prefix="train/",
+                )
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(value)
         t3 = time.perf_counter()

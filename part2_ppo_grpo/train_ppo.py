@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
@@ -56,45 +56,20 @@ from rlhf.core.ops import (
     shifted_entropy,
     shifted_logprobs,
 )
-from rlhf.methods.passes import (
-    accumulate,
-    align_values,
-    build_ppo_optimizer,
-    check_finite_loss,
-    minibatch_indices,
-    weighted_micro_batches,
-)
+from rlhf.core.stages import STAGES
+from rlhf.loop.step import train_step
+from rlhf.methods.passes import align_values, build_ppo_optimizer, minibatch_indices, rollout_micro_batches
 from rlhf.methods.plan import plan_rl
 from rlhf.methods.shaping import make_kl_controller, shape_rewards
 from rlhf.models.lora import load_trainable_policy, ppo_critic_and_reward, reference_policy
 from rlhf.models.modeling import PolicyAndValue
-from rlhf.models.training import optimizer_step
 from rlhf.online.harness import OnlineStage
 from rlhf.online.sampling import engine_mismatch_metrics, importance_weights
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.forward import forward_in_chunks, rollout_logprobs
 
-CURVES = [
-    "ppo/objective/scores",
-    "ppo/gold/score_mean",
-    "ppo/objective/rlhf_reward",
-    "ppo/objective/kl",
-    "ppo/objective/entropy",
-    "ppo/responses/length_mean",
-    "ppo/responses/eos_rate",
-    "ppo/policy/clipfrac",
-    "ppo/policy/approxkl",
-    "ppo/val/explained_variance",
-    "ppo/val/loss",
-    "ppo/objective/kl_coef",
-    "ppo/responses/length_score_corr",
-    "ppo/rollout/mismatch_kl",
-]
-EVAL_CURVES = [
-    "ppo/eval/reward_mean",
-    "ppo/eval/gold_score_mean",
-    "ppo/eval/kl_to_ref",
-]  # drawn when ppo.eval_every > 0
+CURVES = list(STAGES["ppo"].curves)
+EVAL_CURVES = list(STAGES["ppo"].eval_curves)  # drawn when ppo.eval_every > 0
 
 
 def policy_and_values(model, rollout, temperature: float, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,6 +83,43 @@ def policy_and_values(model, rollout, temperature: float, batch_size: int) -> tu
     logprobs, values = forward_in_chunks(both, rollout, batch_size)
     mask = rollout.response_mask
     return torch.where(mask, logprobs, 0.0), torch.where(mask, values.float(), 0.0)
+
+
+def ppo_loss_fn(pcfg, tis_cap: float | None):
+    """PPO's loss on a selection of rollouts (`Rollout.select`, carrying their old log-probs, values, returns and
+    advantages): the clipped surrogate, plus `vf_coef` x the clipped value loss, minus `entropy_coef` x the entropy.
+    (model, chunk) -> (loss, statistics), the model a PolicyAndValue."""
+    clip_high = pcfg.clip if pcfg.clip_high is None else pcfg.clip_high
+
+    def loss_fn(model, chunk):
+        mask = chunk.response_mask  # (b, t)
+        logits, position_values = model(chunk.input_ids, chunk.attention_mask)
+        new_logprobs = shifted_logprobs(logits, chunk.input_ids, pcfg.temperature)  # (b, t)
+        new_values = align_values(position_values)  # (b, t)
+        pg_loss, pg_stats = ppo_policy_loss(
+            new_logprobs,
+            chunk.old_logprobs,
+            chunk.advantages,
+            mask,
+            pcfg.clip,
+            clip_high,
+            importance_weights(chunk, chunk.old_logprobs, tis_cap),
+        )
+        vf_loss, vf_stats = ppo_value_loss(new_values, chunk.values, chunk.returns, mask, pcfg.value_clip)
+        with torch.set_grad_enabled(pcfg.entropy_coef > 0):
+            entropy = masked_mean(shifted_entropy(logits, pcfg.temperature), mask)
+        loss = pg_loss + pcfg.vf_coef * vf_loss - pcfg.entropy_coef * entropy
+        return loss, {
+            "policy/approxkl": pg_stats["approxkl"],
+            "policy/clipfrac": pg_stats["clipfrac"],
+            "policy/ratio_mean": pg_stats["ratio_mean"],
+            "val/loss": vf_loss,
+            "val/clipfrac": vf_stats["clipfrac"],
+            "val/value_mean": vf_stats["value_mean"],
+            "objective/entropy": entropy,
+        }
+
+    return loss_fn
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     accelerator, device, seed = stage.accelerator, stage.device, stage.seed
     plan = plan_rl("ppo", pcfg, accelerator.num_processes, len(stage.prompts.train_ids))
     sampling = SamplingConfig(pcfg.max_new_tokens, pcfg.temperature, pcfg.top_p, pcfg.top_k)
-    clip_high = pcfg.clip if pcfg.clip_high is None else pcfg.clip_high
+    loss_fn = ppo_loss_fn(pcfg, cfg.rollout.tis_cap)
 
     # 2. Four roles, dropout off in every one (load_* disable it): trainable policy and critic in one
     #    module (one optimizer, one checkpoint), frozen reference and reward model.
@@ -187,53 +199,36 @@ def main(argv: list[str] | None = None) -> None:
 
         # 4d. PPO epochs over minibatches; micro-batches weighted by their share of the minibatch's tokens
         #     over all processes.
-        model.train()
+        rollout = replace(
+            rollout,
+            old_logprobs=logprobs,
+            ref_logprobs=ref_logprobs,
+            values=values,
+            returns=returns,
+            advantages=advantages,
+            scores=scores,
+        )
         generator = torch.Generator().manual_seed(seed * 1_000_003 + stage.iteration * 101 + accelerator.process_index)
         stats: dict[str, list[torch.Tensor]] = {}
         kl_stopped = False
         for _ in range(pcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, pcfg.num_minibatches, generator):
-                micro = weighted_micro_batches(
+                micro = rollout_micro_batches(
                     accelerator, minibatch.to(device), rollout, plan.micro_batch_size, "token"
                 )
-                step_stats: dict[str, torch.Tensor] = {}
-                for k, (rows, t, weight, _) in enumerate(micro):
-                    input_ids, micro_mask = rollout.input_ids[rows, :t], mask[rows, :t]  # (b, t) each
-                    with accelerator.no_sync(model) if k < len(micro) - 1 else nullcontext():
-                        logits, position_values = model(input_ids, rollout.attention_mask[rows, :t])
-                        new_logprobs = shifted_logprobs(logits, input_ids, pcfg.temperature)  # (b, t)
-                        new_values = align_values(position_values)  # (b, t)
-                        pg_loss, pg_stats = ppo_policy_loss(
-                            new_logprobs,
-                            logprobs[rows, :t],
-                            advantages[rows, :t],
-                            micro_mask,
-                            pcfg.clip,
-                            clip_high,
-                            importance_weights(rollout, logprobs[rows, :t], rows, t, cfg.rollout.tis_cap),
-                        )
-                        vf_loss, vf_stats = ppo_value_loss(
-                            new_values, values[rows, :t], returns[rows, :t], micro_mask, pcfg.value_clip
-                        )
-                        with torch.set_grad_enabled(pcfg.entropy_coef > 0):
-                            entropy = masked_mean(shifted_entropy(logits, pcfg.temperature), micro_mask)
-                        loss = pg_loss + pcfg.vf_coef * vf_loss - pcfg.entropy_coef * entropy
-                        check_finite_loss("ppo", loss, stage.iteration, run)
-                        accelerator.backward(loss * weight)
-                    micro_stats = {
-                        "train/loss": loss,
-                        "policy/approxkl": pg_stats["approxkl"],
-                        "policy/clipfrac": pg_stats["clipfrac"],
-                        "policy/ratio_mean": pg_stats["ratio_mean"],
-                        "val/loss": vf_loss,
-                        "val/clipfrac": vf_stats["clipfrac"],
-                        "val/value_mean": vf_stats["value_mean"],
-                        "objective/entropy": entropy,
-                    }
-                    accumulate(step_stats, micro_stats, weight)
-                grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, pcfg.max_grad_norm)
-                if grad_norm is not None:
-                    step_stats["train/grad_norm"] = grad_norm
+                step_stats = train_step(
+                    "ppo",
+                    run,
+                    f"iteration {stage.iteration + 1}",
+                    accelerator,
+                    model,
+                    optimizer,
+                    scheduler,
+                    micro,
+                    loss_fn,
+                    pcfg.max_grad_norm,
+                    key_prefix="train/",
+                )
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(value)
                 approxkl = accelerator.reduce(step_stats["policy/approxkl"], reduction="mean").item()

@@ -40,33 +40,19 @@ import torch
 from accelerate.utils import gather_object
 
 from rlhf.core.batching import collate_sequences
+from rlhf.core.stages import STAGES
+from rlhf.loop.step import equal_micro_batches, train_step
 from rlhf.methods.raft import kept_rows, plan_raft, tied_prompts
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.modeling import load_reward_model
 from rlhf.models.roles import frozen
-from rlhf.models.training import build_optimizer, epoch_order, sft_batch_loss, train_step
+from rlhf.models.training import build_optimizer, epoch_order, sft_batch_loss
 from rlhf.online.harness import OnlineStage
 from rlhf.online.stats import gold_metrics
 from rlhf.rollout.batch import SamplingConfig
 
-CURVES = [
-    "raft/objective/scores",
-    "raft/selected/score_mean",
-    "raft/gold/score_mean",
-    "raft/selected/gold_score_mean",
-    "raft/objective/tied_prompts",
-    "raft/responses/length_mean",
-    "raft/selected/length_mean",
-    "raft/responses/eos_rate",
-    "raft/responses/length_score_corr",
-    "raft/train/loss",
-    "raft/train/grad_norm",
-]
-EVAL_CURVES = [
-    "raft/eval/reward_mean",
-    "raft/eval/gold_score_mean",
-    "raft/eval/kl_to_ref",
-]  # drawn when raft.eval_every > 0
+CURVES = list(STAGES["raft"].curves)
+EVAL_CURVES = list(STAGES["raft"].eval_curves)  # drawn when raft.eval_every > 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         t2 = time.perf_counter()
 
         # 4d. Fine-tuning on the kept pairs with the SFT loss, in length-grouped batches, each process its slice of
-        #     a global batch (as `rlhf.models.training.fit`); the data order is a function of (seed, round, epoch), so a
+        #     a global batch (as `rlhf.loop.fit.fit`); the data order is a function of (seed, round, epoch), so a
         #     resumed run trains on what an uninterrupted one would.
         lengths = [len(p) + len(r) for p, r in kept_pairs]
         train_stats: dict[str, list[torch.Tensor]] = {}
@@ -144,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             order = epoch_order(
                 lengths, seed, round_index * plan.epochs_per_round + epoch, rcfg.batch_size, rcfg.group_by_length
             )
-            micro_batches = [
+            batches = [
                 collate_sequences(
                     [kept_pairs[i][0] for i in rows], [kept_pairs[i][1] for i in rows], tokenizer.pad_token_id
                 )
@@ -153,12 +139,12 @@ def main(argv: list[str] | None = None) -> None:
             step_stats = train_step(
                 "raft",
                 run,
-                round_index * finetune.total_steps + step_in_round,
+                f"step {round_index * finetune.total_steps + step_in_round + 1}",
                 accelerator,
                 policy,
                 optimizer,
                 scheduler,
-                micro_batches,
+                equal_micro_batches(batches, stage.device),
                 sft_batch_loss,
                 rcfg.max_grad_norm,
             )

@@ -55,8 +55,10 @@ from rlhf.core.batching import (
     shared_prompt_pair_length,
 )
 from rlhf.core.losses import DPO_AVERAGES_LOGPS
+from rlhf.core.stages import STAGES
 from rlhf.core.winrates import head_to_head
 from rlhf.data import read_jsonl, write_jsonl
+from rlhf.loop.fit import fit
 from rlhf.methods.dpo import (
     DPOObjective,
     OnTheFlyReference,
@@ -70,7 +72,7 @@ from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.memory import peak_memory_mb
 from rlhf.models.modeling import load_tokenizer
-from rlhf.models.training import fit, forward_map, make_accelerator
+from rlhf.models.training import forward_map, make_accelerator
 from rlhf.rollout.batch import eval_sampling
 from rlhf.rollout.generate import sample_responses, sampling_seeds
 from rlhf.stage.run import stage_seed
@@ -78,20 +80,7 @@ from rlhf.stage.tracking import MetricLogger
 
 REF_CACHE_FILE = "ref_logps.safetensors"
 SPLITS = ("train", "val", "test")
-CURVE_KEYS = [
-    "dpo/train/loss",
-    "dpo/train/rewards/accuracies",
-    "dpo/train/rewards/margins",
-    "dpo/train/rewards/chosen",
-    "dpo/train/rewards/rejected",
-    "dpo/val/rewards/accuracies",
-    "dpo/train/logps/chosen",
-    "dpo/train/logps/rejected",
-    "dpo/gold/score_mean",
-    "dpo/gold/win_rate_vs_sft",
-    "dpo/train/grad_norm",
-    "dpo/train/lr",
-]
+CURVE_KEYS = STAGES["dpo"].curves
 
 
 # ----------------------------------------------------------------------------- the stage

@@ -45,36 +45,21 @@ import torch
 
 from rlhf.core.batching import EncodedPair, collate_shared_prompt_pairs, shared_prompt_pair_length
 from rlhf.core.losses import DPO_AVERAGES_LOGPS
+from rlhf.core.stages import STAGES
 from rlhf.judges import OpenAIJudge, SimulatedAnnotatorJudge
+from rlhf.loop.step import MicroBatch, accumulation_weights, train_step
 from rlhf.methods.dpo import PrecomputedReference, local_pair_logps, make_loss_fn
-from rlhf.methods.online_dpo import (
-    best_worst_pairs,
-    pair_indices_to_rows,
-    pair_weights,
-    plan_online_dpo,
-    split_micro_batches,
-)
+from rlhf.methods.online_dpo import best_worst_pairs, pair_indices_to_rows, plan_online_dpo, split_micro_batches
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.modeling import load_reward_model
 from rlhf.models.roles import frozen
-from rlhf.models.training import build_optimizer, train_step
+from rlhf.models.training import build_optimizer
 from rlhf.online.harness import OnlineStage
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.stage.run import stage_seed
 
-CURVES = [
-    "online_dpo/objective/scores",
-    "online_dpo/gold/score_mean",
-    "online_dpo/pairs/kept_rate",
-    "online_dpo/pairs/score_margin",
-    "online_dpo/train/loss",
-    "online_dpo/train/rewards/accuracies",
-    "online_dpo/train/rewards/margins",
-    "online_dpo/responses/length_mean",
-    "online_dpo/responses/eos_rate",
-    "online_dpo/train/grad_norm",
-]
-EVAL_CURVES = ["online_dpo/eval/reward_mean", "online_dpo/eval/gold_score_mean", "online_dpo/eval/kl_to_ref"]
+CURVES = list(STAGES["online_dpo"].curves)
+EVAL_CURVES = list(STAGES["online_dpo"].eval_curves)
 
 
 def build_pairwise_annotator(cfg, run):
@@ -189,19 +174,27 @@ def main(argv: list[str] | None = None) -> None:
             rpo_alpha=ocfg.rpo_alpha,
         )
         order = sorted(range(len(pairs)), key=lambda i: shared_prompt_pair_length(pairs[i]))  # little padding
-        chunks = split_micro_batches(len(pairs), ocfg.micro_batch_size)
+        chunks = [[order[i] for i in chunk] for chunk in split_micro_batches(len(pairs), ocfg.micro_batch_size)]
+        # every pair of every process weighs the same, as in one process (a process without pairs weighs 0)
+        pairs_per_process = n_pairs / accelerator.num_processes
+        weights = accumulation_weights([len(c) for c in chunks], pairs_per_process) if own_pairs else [0.0]
         micro = [
-            {**collate([pairs[order[i]] for i in chunk]), "index": torch.tensor([order[i] for i in chunk])}
-            for chunk in chunks
+            MicroBatch(
+                {
+                    k: v.to(device)
+                    for k, v in {**collate([pairs[i] for i in chunk]), "index": torch.tensor(chunk)}.items()
+                },
+                weight,
+                weight,
+            )
+            for chunk, weight in zip(chunks, weights)
         ]
-        # every pair of every process weighs the same, as in one process
-        weights = pair_weights([len(c) for c in chunks], n_pairs, accelerator.num_processes) if own_pairs else [0.0]
         train_stats: dict[str, list[torch.Tensor]] = {}
         for epoch in range(ocfg.epochs if n_pairs else 0):  # no pair on any process: nothing to learn, no step
             step_stats = train_step(
                 "online_dpo",
                 run,
-                stage.iteration * ocfg.epochs + epoch,
+                f"step {stage.iteration * ocfg.epochs + epoch + 1}",
                 accelerator,
                 policy,
                 optimizer,
@@ -209,7 +202,6 @@ def main(argv: list[str] | None = None) -> None:
                 micro,
                 loss_fn,
                 ocfg.max_grad_norm,
-                weights,
             )
             for key, value in step_stats.items():
                 train_stats.setdefault(key, []).append(value)

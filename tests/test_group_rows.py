@@ -8,7 +8,7 @@ import torch
 from test_rollout import PROMPTS, TEXTS, encode, tiny_config, tiny_policy, tiny_reward_model
 
 from rlhf.core.ops import shifted_entropy, shifted_logprobs
-from rlhf.methods.passes import micro_batches, minibatch_indices
+from rlhf.methods.passes import micro_batch_rows, minibatch_indices
 from rlhf.models.modeling import MeanPoolRewardModel, disable_dropout, position_ids_from_mask, train_tokenizer
 from rlhf.rollout.batch import SamplingConfig, pack_rollout
 from rlhf.rollout.forward import rollout_logprobs, score_rollout
@@ -139,10 +139,8 @@ def test_micro_batches_keep_groups_whole_and_sorted_by_packed_width():
     response_mask = torch.zeros(6, 8, dtype=torch.bool)
     for row, (prompt, response) in enumerate([(2, 1), (2, 1), (1, 5), (1, 5), (3, 1), (3, 2)]):
         response_mask[row, prompt : prompt + response] = True
-    micro = micro_batches(torch.arange(6), lengths, response_mask, 2, "sequence", layout=RowLayout(2))
-    assert [rows.tolist() for rows, _, _ in micro] == [[0, 1], [4, 5], [2, 3]]
-    assert [t for _, t, _ in micro] == [3, 5, 6]
-    assert sum(w for _, _, w in micro) == pytest.approx(1.0)
+    chunks = micro_batch_rows(torch.arange(6), lengths, response_mask.sum(-1), 2, layout=RowLayout(2))
+    assert [rows.tolist() for rows in chunks] == [[0, 1], [4, 5], [2, 3]]
     parts = minibatch_indices(12, 2, torch.Generator().manual_seed(0), layout=RowLayout(3))
     for part in parts:
         assert len(part) == 6 and (part.view(-1, 3) == part.view(-1, 3)[:, :1] + torch.arange(3)).all()

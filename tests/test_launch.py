@@ -145,7 +145,7 @@ def test_a_stop_signal_reaches_a_launched_stage_once_and_stops_the_pipeline(tmp_
 
 def test_every_stage_whose_batches_do_not_fit_is_named_at_once():
     """Before, the first stage's problem stopped the run; fixing it showed the next one, one start at a time."""
-    from rlhf.pipeline.launch import check_batch_splits
+    from rlhf.methods.rules import check_batch_splits
     from rlhf.stage.config import load_config, preset_path
     from rlhf.stage.run import STAGES
 

@@ -7,7 +7,8 @@ import re
 from conftest import REPO
 
 # Bottom to top. `data` is rlhf/data.py with rlhf/chat.py; every other name is a package of rlhf/.
-LAYERS = ["core", "task", "data", "judges", "benchmarks", "analysis", "stage", "models", "rollout", "methods"]
+LAYERS = ["core", "task", "data", "judges", "benchmarks", "analysis", "stage", "models", "loop", "rollout"]
+LAYERS += ["methods"]
 LAYERS += ["online", "pipeline", "report"]
 SAME_LAYER = {"chat": "data"}
 

@@ -15,10 +15,10 @@ from conftest import TINY_TEST_OVERRIDES, kill_at_first_checkpoint, read_summary
 from safetensors.torch import load_file
 
 from rlhf.core.errors import UserError
+from rlhf.loop.step import accumulation_weights
 from rlhf.methods.online_dpo import (
     best_worst_pairs,
     pair_indices_to_rows,
-    pair_weights,
     plan_online_dpo,
     split_micro_batches,
 )
@@ -58,12 +58,12 @@ def test_split_micro_batches_near_equal_sizes():
     assert [len(r) for r in split_micro_batches(32, 16)] == [16, 16]
 
 
-def test_pair_weights_weigh_every_pair_of_every_process_alike():
+def test_online_dpo_weights_every_pair_of_every_process_alike():
     # one process, 10 pairs in chunks of 4, 3, 3: each chunk's mean loss weighs its share of the pairs
-    assert pair_weights([4, 3, 3], 10, 1) == pytest.approx([0.4, 0.3, 0.3])
-    # two processes keeping 7 and 3 of those pairs: DDP averages their gradients, so each process's weights sum
-    # to 2 x its share, and a pair's weight in the average, weight / size / 2, is 1/10 on both
-    first, second = pair_weights([4, 3], 10, 2), pair_weights([3], 10, 2)
+    assert accumulation_weights([4, 3, 3], 10 / 1) == pytest.approx([0.4, 0.3, 0.3])
+    # two processes keeping 7 and 3 of those pairs (5 per process): DDP averages their gradients, so each process's
+    # weights sum to 2 x its share, and a pair's weight in the average, weight / size / 2, is 1/10 on both
+    first, second = accumulation_weights([4, 3], 10 / 2), accumulation_weights([3], 10 / 2)
     assert first == pytest.approx([0.8, 0.6]) and second == pytest.approx([0.6])
     assert [w / n / 2 for w, n in zip(first + second, [4, 3, 3])] == pytest.approx([0.1] * 3)
 

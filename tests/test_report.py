@@ -887,6 +887,17 @@ def test_pipeline_total_is_not_a_stage_of_the_timing_table():
     assert "| **total** | 60.0 | 60.0 s | 100.0% |  |" in text  # 10 + 30 + 20: the stages alone
 
 
+def test_the_timing_table_reads_each_stages_memory_from_its_own_summary_section():
+    """judge_rm publishes in `judge_reward_model`, the reward model in `reward_model`: their peak memory was n/a."""
+    data = hh_run_data({})
+    data.summary["timing_s"] = {"reward": 10.0, "judge_rm": 20.0}
+    data.summary["judge_reward_model"] = {"peak_memory_mb": 300.0, "peak_memory_source": "max_rss"}
+    data.summary["reward_model"] = {**data.summary.get("reward_model", {}), "peak_memory_mb": 200.0}
+    rows = {line.split(" | ")[0]: line for line in R.section_timing(data).splitlines() if line.startswith("| ")}
+    assert "200" in rows["| reward model"] and "n/a" not in rows["| reward model"]
+    assert "300" in rows["| judge_rm"] and "n/a" not in rows["| judge_rm"]
+
+
 def test_reward_vs_kl_names_every_model_in_its_legend(tmp_path, monkeypatch):
     """Models near SFT sit on top of each other: labels written beside the points overlapped; a legend cannot."""
     from rlhf.analysis import plots

@@ -17,7 +17,7 @@ from rlhf.analysis.evaluation import sequence_kl
 from rlhf.core.errors import UserError
 from rlhf.core.ops import shifted_entropy, shifted_logprobs
 from rlhf.core.winrates import head_to_head
-from rlhf.methods.passes import accumulation_weights, align_values, micro_batches, minibatch_indices
+from rlhf.methods.passes import align_values, loss_units, micro_batch_rows, minibatch_indices, rollout_micro_batches
 from rlhf.methods.plan import plan_rl
 from rlhf.methods.rules import check_grpo_config, check_ppo_config
 from rlhf.methods.shaping import (
@@ -47,7 +47,7 @@ from rlhf.online.held_out import (
 )
 from rlhf.online.prompts import check_gold_prompts, iteration_prompts, load_rl_prompts, local_prompt_rows
 from rlhf.online.stats import flat_reward_warning, gold_metrics, loop_costs, pearson, response_metrics
-from rlhf.rollout.batch import SamplingConfig, eval_sampling
+from rlhf.rollout.batch import Rollout, SamplingConfig, eval_sampling
 from rlhf.stage.config import GRPOConfig, PPOConfig, RLConfig, load_config, preset_path
 from rlhf.stage.run import RunDir
 
@@ -268,54 +268,94 @@ def test_minibatch_indices_partition_the_batch():
     assert sorted(torch.cat(parts).tolist()) == list(range(12))
 
 
-def test_accumulation_weights_by_hand():
-    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
-    # micro-batches of 2 rows: tokens 3 + 1 = 4 and 4 + 2 = 6 of 10
-    close(accumulation_weights(mask, 2, "token"), [0.4, 0.6])
-    close(accumulation_weights(mask, 2, "sequence"), [0.5, 0.5])
-    close(accumulation_weights(mask, 3, "sequence"), [0.75, 0.25])  # 3 rows then 1
-    # token-weighted micro-batch means add up to the mean over the whole minibatch
-    values = torch.arange(16.0).reshape(4, 4)
-    micro_means = [values[:2][mask[:2]].mean(), values[2:][mask[2:]].mean()]
-    close(sum(w * m for w, m in zip(accumulation_weights(mask, 2, "token"), micro_means)), values[mask].mean())
-    with pytest.raises(ValueError, match="normalization"):
-        accumulation_weights(mask, 2, "dr_grpo")
+class OneProcess:
+    """The part of an Accelerator that `rollout_micro_batches` uses: one process, whose reductions are identities."""
+
+    def reduce(self, tensor, reduction):
+        return tensor
 
 
-def test_accumulation_weights_across_processes_give_the_global_token_mean():
-    """Two processes hold rows [0, 1] (4 tokens) and [2, 3] (6 tokens): 5 units per process on
-    average. Their weights sum to 4/5 and 6/5, so DDP's average over processes of the weighted
-    micro-batch means is the mean over all 10 tokens, as one process with the whole minibatch."""
-    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
-    values = torch.arange(16.0).reshape(4, 4)
-    first, second = accumulation_weights(mask[:2], 1, "token", 5.0), accumulation_weights(mask[2:], 1, "token", 5.0)
-    close(first, [3 / 5, 1 / 5])
-    close(second, [4 / 5, 2 / 5])
-    row_means = [values[k][mask[k]].mean() for k in range(4)]  # 1, 4, 9.5, 12.5
-    ddp = (sum(w * m for w, m in zip(first, row_means[:2])) + sum(w * m for w, m in zip(second, row_means[2:]))) / 2
-    close(ddp, values[mask].mean())  # (0 + 1 + 2 + 4 + 8 + 9 + 10 + 11 + 12 + 13) / 10 = 7
-    close(values[mask].mean(), 7.0)
-    # without the global count each process weighs its own tokens: the mean of 1.75 and 10.5, 6.125
-    local = [accumulation_weights(mask[k : k + 2], 1, "token") for k in (0, 2)]
-    close(sum(w * m for k in (0, 1) for w, m in zip(local[k], row_means[2 * k : 2 * k + 2])) / 2, 6.125)
-    # "sequence": every process holds as many rows, so the count is its own
-    close(accumulation_weights(mask[:2], 1, "sequence", 2.0), [0.5, 0.5])
+class TwoProcesses:
+    """As `OneProcess`, for one of two processes whose "mean" reduction averages its own tensor with `other`'s."""
+
+    def __init__(self, other: float):
+        self.other = other
+
+    def reduce(self, tensor, reduction):
+        return (tensor + self.other) / 2
 
 
-def test_micro_batches_sort_by_length_and_carry_their_weights():
-    lengths = torch.tensor([5, 2, 7, 3, 9])
-    response_mask = torch.zeros(5, 9, dtype=torch.bool)
-    for row, (start, end) in enumerate([(3, 5), (1, 2), (3, 7), (2, 3), (1, 9)]):  # 2, 1, 4, 1 and 8 response tokens
-        response_mask[row, start:end] = True
-    micro = micro_batches(torch.tensor([2, 0, 3, 1]), lengths, response_mask, 2, "token")
-    # by length: rows 1 (2), 3 (3), 0 (5), 2 (7); micro-batches [1, 3] and [0, 2] need 3 and 7 columns
-    assert [(rows.tolist(), t) for rows, t, _ in micro] == [([1, 3], 3), ([0, 2], 7)]
-    close([w for _, _, w in micro], [2 / 8, 6 / 8])  # tokens 1 + 1 and 2 + 4 of 8
-    close(
-        [w for _, _, w in micro_batches(torch.tensor([2, 0, 3, 1]), lengths, response_mask, 2, "sequence")], [0.5, 0.5]
+def right_padded(spans: list[tuple[int, int]], width: int) -> Rollout:
+    """A rollout whose row k is a prompt of spans[k][0] tokens and a response of spans[k][1], right-padded."""
+    response_mask = torch.zeros(len(spans), width, dtype=torch.bool)
+    for row, (prompt, response) in enumerate(spans):
+        response_mask[row, prompt : prompt + response] = True
+    lengths = torch.tensor([prompt + response for prompt, response in spans])
+    attention_mask = (torch.arange(width)[None, :] < lengths[:, None]).long()
+    return Rollout(
+        torch.zeros(len(spans), width, dtype=torch.long),
+        attention_mask,
+        response_mask,
+        torch.ones(len(spans), dtype=torch.bool),
     )
-    tied = micro_batches(torch.tensor([4, 2, 0]), torch.tensor([5, 0, 5, 0, 5]), response_mask, 3, "sequence")
-    assert tied[0][0].tolist() == [4, 2, 0]  # equal lengths keep their order
+
+
+def test_loss_units_by_hand():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    close(loss_units(mask, "token"), [3.0, 1.0, 4.0, 2.0])
+    close(loss_units(mask, "sequence"), [1.0, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="normalization"):
+        loss_units(mask, "dr_grpo")
+
+
+def test_rollout_micro_batches_weigh_their_loss_units_and_sum_to_the_minibatch_mean():
+    # rows' response tokens 3, 1, 4, 2 (prompts of one token), micro-batches of 2 rows sorted by length:
+    # rows [1, 3] (1 + 2 = 3 tokens) and [0, 2] (3 + 4 = 7 tokens) of 10
+    rollout = right_padded([(1, 3), (1, 1), (1, 4), (1, 2)], 6)
+    micro = rollout_micro_batches(OneProcess(), torch.arange(4), rollout, 2, "token")
+    assert [m.batch.rows.tolist() for m in micro] == [[1, 3], [0, 2]]
+    assert [m.batch.input_ids.shape[1] for m in micro] == [3, 5]  # each trimmed to its longest row
+    close([m.loss_weight for m in micro], [0.3, 0.7])
+    close([m.metric_weight for m in micro], [0.3, 0.7])
+    # token-weighted micro-batch means add up to the mean over the whole minibatch
+    values = torch.arange(24.0).reshape(4, 6)
+    micro_means = [values[m.batch.rows, : m.batch.input_ids.shape[1]][m.batch.response_mask].mean() for m in micro]
+    close(sum(m.loss_weight * mean for m, mean in zip(micro, micro_means)), values[rollout.response_mask].mean())
+    # "sequence": each micro-batch's loss weighs its rows, its token-mean metrics still its tokens
+    micro = rollout_micro_batches(OneProcess(), torch.arange(4), rollout, 3, "sequence")
+    close([m.loss_weight for m in micro], [0.75, 0.25])  # 3 rows, then 1
+    close([m.metric_weight for m in micro], [0.6, 0.4])  # rows 1, 3, 0: 6 tokens; row 2: 4
+    tied = rollout_micro_batches(OneProcess(), torch.tensor([3, 1, 0]), right_padded([(1, 2)] * 4, 3), 3, "token")
+    assert tied[0].batch.rows.tolist() == [3, 1, 0]  # equal lengths keep their order
+
+
+def test_rollout_micro_batches_across_processes_give_the_global_token_mean():
+    """Two processes hold rows [0, 1] (4 tokens) and [2, 3] (6 tokens): 5 units per process on average. Their
+    weights sum to 4/5 and 6/5, so DDP's average over processes of the weighted micro-batch means is the mean over
+    all 10 tokens, as one process with the whole minibatch."""
+    rollout = right_padded([(1, 3), (1, 1), (1, 4), (1, 2)], 6)
+    first = rollout_micro_batches(TwoProcesses(6.0), torch.tensor([0, 1]), rollout, 1, "token")
+    second = rollout_micro_batches(TwoProcesses(4.0), torch.tensor([2, 3]), rollout, 1, "token")
+    assert [m.batch.rows.item() for m in first + second] == [1, 0, 3, 2]  # narrowest first on each
+    close([m.loss_weight for m in first], [1 / 5, 3 / 5])
+    close([m.loss_weight for m in second], [2 / 5, 4 / 5])
+    values = torch.arange(24.0).reshape(4, 6)
+    row_means = {k: values[k][rollout.response_mask[k]].mean() for k in range(4)}  # 2, 7, 14.5, 19.5
+    ddp = sum(m.loss_weight * row_means[m.batch.rows.item()] for m in first + second) / 2
+    close(ddp, values[rollout.response_mask].mean())  # (1+2+3 + 7 + 13+14+15+16 + 19+20) / 10 = 11
+    close(ddp, 11.0)
+    # "sequence": every process holds as many rows, so a row weighs 1/2 on each
+    close(
+        [m.loss_weight for m in rollout_micro_batches(TwoProcesses(2.0), torch.tensor([0, 1]), rollout, 1, "sequence")],
+        [0.5, 0.5],
+    )
+
+
+def test_micro_batch_rows_sort_by_length():
+    lengths = torch.tensor([5, 2, 7, 3, 9])
+    response_lengths = torch.tensor([2, 1, 4, 1, 8])
+    chunks = micro_batch_rows(torch.tensor([2, 0, 3, 1]), lengths, response_lengths, 2)
+    assert [rows.tolist() for rows in chunks] == [[1, 3], [0, 2]]  # by length: rows 1 (2), 3 (3), 0 (5), 2 (7)
 
 
 # ---------------------------------------------------------------- training passes

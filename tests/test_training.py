@@ -1,5 +1,6 @@
 """Derived sizes and data order of the shared training loop, and reward diagnostics."""
 
+import re
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,7 +10,8 @@ import torch
 
 from rlhf.analysis.reward_analysis import accuracy_by_group, error_categories, pearson
 from rlhf.core.errors import UserError
-from rlhf.models.training import build_optimizer, epoch_order, forward_map, optimizer_step, plan_steps, train_step
+from rlhf.loop.step import MicroBatch, accumulation_weights, equal_micro_batches, optimizer_step, train_step
+from rlhf.models.training import build_optimizer, epoch_order, forward_map, plan_steps
 from rlhf.stage.config import TrainConfig
 from rlhf.stage.run import RunDir
 
@@ -149,29 +151,69 @@ def test_train_step_averages_the_micro_batches_then_steps_once():
         loss = model(batch["x"]).square().mean()
         return loss, {"x_mean": batch["x"].mean()}
 
-    micro_batches = [{"x": torch.tensor([[1.0], [1.0]])}, {"x": torch.tensor([[2.0], [2.0]])}]
+    micro_batches = equal_micro_batches(
+        [{"x": torch.tensor([[1.0], [1.0]])}, {"x": torch.tensor([[2.0], [2.0]])}], "cpu"
+    )
     totals = train_step(
-        "sft", RunDir("run"), 0, OneCPUProcess(), model, optimizer, scheduler, micro_batches, loss_fn, 0.0
+        "sft", RunDir("run"), "step 1", OneCPUProcess(), model, optimizer, scheduler, micro_batches, loss_fn, 0.0
     )
     # losses 1 and 4, gradients 2 and 8: their means 2.5 and 5; one SGD step w = 1 - 0.1 * 5 = 0.5
     assert model.weight.item() == pytest.approx(0.5) and model.weight.grad is None
     assert {key: value.item() for key, value in totals.items()} == pytest.approx({"loss": 2.5, "x_mean": 1.5})
 
 
-def test_train_step_stops_on_a_non_finite_loss_in_one_line():
-    model = torch.nn.Linear(1, 1)
+def test_train_step_weighs_the_loss_and_the_metrics_each_by_its_own_weight():
+    model = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    def loss_fn(model, batch):
+        loss = model(batch["x"]).square().mean()
+        return loss, {"objective/x": batch["x"].mean()}
+
+    micro_batches = [
+        MicroBatch({"x": torch.tensor([[1.0]])}, loss_weight=0.25, metric_weight=0.5),
+        MicroBatch({"x": torch.tensor([[2.0]])}, loss_weight=0.75, metric_weight=0.5),
+    ]
+    totals = train_step(
+        "grpo", RunDir("run"), "iteration 1", OneCPUProcess(), model, optimizer, scheduler, micro_batches, loss_fn,
+        10.0, key_prefix="train/",
+    )  # fmt: skip
+    # loss 0.25 x 1 + 0.75 x 4 = 3.25; gradient 0.25 x 2 + 0.75 x 8 = 6.5, w = 1 - 0.65; x's mean 0.5 x 1 + 0.5 x 2
+    assert model.weight.item() == pytest.approx(0.35)
+    values = {key: value.item() for key, value in totals.items()}
+    assert values == pytest.approx({"train/loss": 3.25, "objective/x": 1.5, "train/grad_norm": 6.5})
+
+
+def test_accumulation_weights_by_hand():
+    # micro-batches of 4 and 6 units (tokens, rows or pairs) of 10 on one process
+    assert accumulation_weights([4.0, 6.0], 10.0) == pytest.approx([0.4, 0.6])
+    assert accumulation_weights([1.0, 1.0, 1.0], 3.0) == pytest.approx([1 / 3] * 3)
+    # one of two processes holding 4 of the step's 10 units (5 per process): its weights sum to 4/5
+    assert accumulation_weights([3.0, 1.0], 5.0) == pytest.approx([0.6, 0.2])
+    assert accumulation_weights([0.0, 0.0], 0.0) == [0.5, 0.5]  # no units at all: equal weights
+    micro = equal_micro_batches([{"x": torch.ones(2)}, {"x": torch.ones(3)}], "cpu")
+    assert [(m.loss_weight, m.metric_weight) for m in micro] == [(0.5, 0.5), (0.5, 0.5)]
+
+
+def test_train_step_stops_on_a_non_finite_loss_in_one_line_before_stepping():
+    model = torch.nn.Linear(1, 1)
+    weight = model.weight.detach().clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    finite_then_inf = iter([1.0, float("inf")])
     with pytest.raises(UserError) as info:
         train_step(
             "sft",
             RunDir("run"),
-            3,
+            "step 4",
             OneCPUProcess(),
             model,
             optimizer,
             None,
-            [{"x": torch.ones(1, 1)}],
-            lambda model, batch: (model(batch["x"]).sum() * 0.0 + float("inf"), {}),
+            equal_micro_batches([{"x": torch.ones(1, 1)}] * 2, "cpu"),
+            lambda model, batch: (model(batch["x"]).sum() * 0.0 + next(finite_then_inf), {}),
             1.0,
         )
     checkpoint = Path("run") / "sft" / "checkpoint"
@@ -179,6 +221,21 @@ def test_train_step_stops_on_a_non_finite_loss_in_one_line():
         f"sft: non-finite loss (inf) at step 4; the last good checkpoint is kept in {checkpoint}; "
         "lower sft.lr or check the data"
     )
+    assert torch.equal(model.weight, weight)  # the optimizer never stepped
+
+
+def test_a_checkpoint_of_another_config_is_an_error_for_every_stage(tmp_path):
+    from rlhf.models.checkpoint import check_checkpoint_config, save_training_state
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    final = tmp_path / "sft" / "checkpoint"
+    check_checkpoint_config(final, "abc")  # none yet
+    save_training_state(final, model, optimizer, scheduler, {"step": 1, "fingerprint": "abc"})
+    check_checkpoint_config(final, "abc")
+    with pytest.raises(UserError, match=re.escape(f"{final} belongs to a different config; delete it or pass --force")):
+        check_checkpoint_config(final, "xyz")
 
 
 def test_a_parameter_with_optim_settings_gets_its_own_group():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -9,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
+
+from rlhf.core.stages import STAGES
 
 
 def _save(fig, path: Path) -> None:
@@ -50,13 +53,13 @@ def plot_reward_distributions(chosen: list[float], rejected: list[float], path: 
     _save(fig, path)
 
 
-def curve_keys(history: list[dict], keys: list[str]) -> list[str]:
+def curve_keys(history: list[dict], keys: Sequence[str]) -> list[str]:
     """The keys logged at two or more steps: a metric logged once (a final `*/val/*` number) is a point, not a
     curve, and is left to the tables."""
     return [key for key in keys if sum(key in row for row in history) >= 2]
 
 
-def plot_training_curves(history: list[dict], keys: list[str], path: Path, title: str) -> None:
+def plot_training_curves(history: list[dict], keys: Sequence[str], path: Path, title: str) -> None:
     """One panel per metric key logged at two or more steps, against optimizer step, from MetricLogger rows."""
     keys = curve_keys(history, keys)
     if not keys:
@@ -77,36 +80,8 @@ def plot_training_curves(history: list[dict], keys: list[str], path: Path, title
 
 # ------------------------------------------------------------------- report figures (part4_eval/make_report.py)
 
-# The training curves the report puts on one page: a fixed, short list per stage; absent keys are skipped.
-REPORT_CURVE_KEYS = {
-    "sft": ["sft/train/loss", "sft/val/loss"],
-    "reward": ["reward/train/loss", "reward/train/accuracy", "reward/val/accuracy"],
-    "ppo": ["ppo/objective/scores", "ppo/objective/kl", "ppo/objective/rlhf_reward", "ppo/responses/length_mean"],
-    "grpo": [
-        "grpo/objective/scores",
-        "grpo/objective/kl",
-        "grpo/objective/zero_std_groups",
-        "grpo/responses/length_mean",
-    ],
-    "raft": [
-        "raft/objective/scores",
-        "raft/selected/score_mean",
-        "raft/train/loss",
-        "raft/responses/length_mean",
-    ],
-    "dpo": [
-        "dpo/train/loss",
-        "dpo/train/rewards/accuracies",
-        "dpo/val/rewards/accuracies",
-        "dpo/train/rewards/margins",
-    ],
-    "online_dpo": [
-        "online_dpo/objective/scores",
-        "online_dpo/train/loss",
-        "online_dpo/train/rewards/margins",
-        "online_dpo/responses/length_mean",
-    ],
-}
+# The training curves the report puts on one page: each stage's short, fixed `report_curves`; absent keys are skipped.
+REPORT_CURVE_KEYS = {name: list(spec.report_curves) for name, spec in STAGES.items() if spec.report_curves}
 
 
 # What each report curve measures, as a panel's y-axis label (the key without its stage, for a key not listed).
@@ -125,7 +100,6 @@ CURVE_LABELS = {
     "val/rewards/accuracies": "validation pair accuracy",
     "train/rewards/margins": "train reward margin",
 }
-X_AXIS = {"ppo": "iteration", "grpo": "iteration", "raft": "round", "online_dpo": "iteration"}  # else optimizer step
 
 POINT_MARKERS = ("o", "s", "D", "^", "v", "P", "X", "*", "<", ">")
 
@@ -328,7 +302,7 @@ def plot_stage_curves(
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="." if len(points) < 30 else None)
             metric = key.partition("/")[2]
             ax.set_title(f"{(titles or {}).get(stage, stage)}: {CURVE_LABELS.get(metric, metric)}", fontsize=11)
-            ax.set_xlabel(X_AXIS.get(stage, "optimizer step"), fontsize=9)
+            ax.set_xlabel(STAGES[stage].x_axis, fontsize=9)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and rounds are whole numbers
             ax.set_ylabel(CURVE_LABELS.get(metric, metric), fontsize=9)
             ax.tick_params(labelsize=8)

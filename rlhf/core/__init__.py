@@ -5,4 +5,5 @@ ops       tensor operations: log-probs, masks, KL estimators, advantages, moment
 losses    every training objective (SFT, Bradley-Terry, PPO, GRPO, the DPO family), as pure functions
 batching  where prompt, response and padding sit in a batch; collation
 winrates  win rates and their intervals, paired comparisons, Holm's adjustment
+stages    the stage registry: each stage's script, config sections, inputs, summary section, report label, curves
 """

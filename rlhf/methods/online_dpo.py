@@ -89,14 +89,6 @@ def split_micro_batches(n: int, micro_batch_size: int) -> list[range]:
     return bounds
 
 
-def pair_weights(chunk_sizes: list[int], total_pairs: int, num_processes: int) -> list[float]:
-    """Weights for the mean losses of this process's micro-batches of pairs (`chunk_sizes` pairs each) so that,
-    once DDP averages the processes' gradients, every pair of all processes' `total_pairs` weighs 1 / total_pairs,
-    as in one process: chunk k weighs chunk_sizes[k] x num_processes / total_pairs. Processes keep different
-    numbers of pairs, so equal weights per process would weigh a pair by its process's count."""
-    return [size * num_processes / total_pairs for size in chunk_sizes]
-
-
 def pair_indices_to_rows(chosen: Tensor, rejected: Tensor, has_pair: Tensor, K: int) -> tuple[list[int], list[int]]:
     """Rows of the prompt-major rollout batch (prompt p's samples in rows p*K .. p*K + K-1) of each kept pair's
     chosen and rejected sample: (P,) x 3 -> two lists of len(kept)."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlhf.core.errors import UserError
-from rlhf.methods.rules import check_whole_groups
 from rlhf.models.training import micro_batch_size
-from rlhf.stage.config import GRPOConfig, RLConfig, require_positive
+from rlhf.stage.config import GRPOConfig, RLConfig, check_whole_groups, require_positive
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
-"""Each stage's config rules: what its settings must satisfy, checked before anything loads, one line each naming the
-keys to change.
+"""Each stage's config rules and size plan (`STAGE_RULES`, `STAGE_PLANS`, by the stages of `rlhf.core.stages`): what
+its settings must satisfy, and how its batches split over the processes, checked before anything loads, one line
+each naming the keys to change.
 
-Functions of the config alone, in a module that imports no torch (tests/test_commands.py holds it to that), so that
+The rules are functions of the config alone, in a module that imports no torch (tests/test_commands.py holds it to
+that), so that
 - a stage script checks its own before its heavy imports (`rlhf.stage.cli.answer_early`: under a second) and
   again as it starts (`rlhf.stage.cli.start_stage`);
 - `bash run_all.sh` checks those of every chosen stage at start-up, all at once (`check_stages`), not each one when
   its stage starts, after the stages before it have run.
 A reward spec's functions are imported here (`rlhf.rollout.reward_spec`): a user's module that imports torch takes
-that long. What needs more than the config stays with its stage: the model's context length (its config file,
-`rlhf.models.modeling.check_context_from_config`), the batches against the data (`rlhf.pipeline.launch`).
+that long. The size plans load torch where they run; `bash run_all.sh` checks them for the launcher's processes, and
+again against the data once the data stage has written it (`check_batch_splits`). The model's context length needs
+its config file and stays with its stage (`rlhf.models.modeling.check_context_from_config`).
 
 Rules every stage shares (positive counts, shares, the pair sources, LoRA, the rollout engine) are checked as the
 config loads (`rlhf.stage.config.validate`).
@@ -31,6 +34,7 @@ from rlhf.stage.config import (
     PPOConfig,
     RAFTConfig,
     RLConfig,
+    check_whole_groups,
     require_positive,
 )
 
@@ -139,15 +143,6 @@ def check_rl_config(stage: str, rcfg: RLConfig | RAFTConfig) -> None:
     if rcfg.eval_every < 0:
         raise UserError(f"{stage}.eval_every={rcfg.eval_every} must be >= 0 (0: only the final evaluation)")
     load_reward_spec(rcfg.reward, f"{stage}.reward")
-
-
-def check_whole_groups(stage: str, batch_size: int, group_size: int) -> None:
-    """A rollout batch holds whole groups of `group_size` responses per prompt."""
-    if batch_size % group_size:
-        raise UserError(
-            f"{stage}.batch_size={batch_size} must be divisible by {stage}.group_size={group_size} "
-            f"(whole groups per batch); set {stage}.batch_size to a multiple of {group_size}"
-        )
 
 
 def check_ppo_config(pcfg: PPOConfig) -> None:
@@ -309,7 +304,54 @@ def check_eval_config(cfg: Config) -> None:
     requested_benchmarks(cfg)
 
 
+# ----------------------------------------------------------------------------- size plans
+# A training stage's batch arithmetic on `world_size` processes, from the config alone (`size` None) or also
+# against what it trains on (`size`: its examples, the online stages' distinct training prompts): the checks it
+# repeats at start-up. The planners load torch, so each is imported where it runs.
+
+
+def plan_offline(section: str) -> Callable[[Config, int, int | None], object]:
+    """SFT, the reward models, DPO: how a `section.batch_size` batch splits, and with their size the plan of
+    their steps."""
+
+    def plan(cfg: Config, world_size: int, size: int | None) -> object:
+        from rlhf.models.training import plan_steps, split_batch
+
+        tcfg = getattr(cfg, section)
+        return split_batch(section, tcfg, world_size) if size is None else plan_steps(section, tcfg, size, world_size)
+
+    return plan
+
+
+def plan_ppo(cfg: Config, world_size: int, n_prompts: int | None) -> object:
+    from rlhf.methods.plan import plan_rl
+
+    return plan_rl("ppo", cfg.ppo, world_size, n_prompts)
+
+
+def plan_grpo(cfg: Config, world_size: int, n_prompts: int | None) -> object:
+    from rlhf.methods.plan import check_group_packing, plan_rl
+
+    plan = plan_rl("grpo", cfg.grpo, world_size, n_prompts, cfg.grpo.group_size)
+    check_group_packing(plan, cfg.grpo)
+    return plan
+
+
+def plan_raft_stage(cfg: Config, world_size: int, n_prompts: int | None) -> object:
+    from rlhf.methods.raft import plan_raft
+
+    return plan_raft(cfg.raft, world_size, n_prompts)
+
+
+def plan_online_dpo_stage(cfg: Config, world_size: int, n_prompts: int | None) -> object:
+    from rlhf.methods.online_dpo import plan_online_dpo
+
+    return plan_online_dpo(cfg.online_dpo, world_size, n_prompts)
+
+
 # ----------------------------------------------------------------------------- every stage
+# Each stage's rules (every stage that reads a config section) and size plan (every stage that trains), by the
+# names of `rlhf.core.stages.STAGES`; tests/test_stage_registry.py holds them to it.
 
 STAGE_RULES: dict[str, Callable[[Config], object]] = {
     "data": check_data_config,
@@ -324,6 +366,16 @@ STAGE_RULES: dict[str, Callable[[Config], object]] = {
     "judge_rm": check_judge_rm_config,
     "eval": check_eval_config,
 }
+STAGE_PLANS: dict[str, Callable[[Config, int, int | None], object]] = {
+    "sft": plan_offline("sft"),
+    "reward": plan_offline("reward"),
+    "judge_rm": plan_offline("reward"),  # trained as the reward model is
+    "ppo": plan_ppo,
+    "grpo": plan_grpo,
+    "raft": plan_raft_stage,
+    "dpo": plan_offline("dpo"),
+    "online_dpo": plan_online_dpo_stage,
+}
 
 
 def check_stages(cfg: Config, stages: list[str]) -> None:
@@ -335,3 +387,18 @@ def check_stages(cfg: Config, stages: list[str]) -> None:
         except UserError as exc:
             problems.append(str(exc))
     raise_all(problems, "settings are not valid")
+
+
+def check_batch_splits(cfg: Config, stages: list[str], world_size: int, sizes: dict[str, int] | None = None) -> None:
+    """The size plan of every stage in `stages` on `world_size` processes: one UserError naming the keys of every
+    stage whose batches do not fit, all at once, before any stage runs. From the config alone, or with `sizes` (what
+    each stage trains on, `rlhf.pipeline.driver.data_sizes`, once the data stage has written it) also every check
+    that needs the data."""
+    sizes = sizes or {}
+    problems = []
+    for stage in stages:
+        try:
+            STAGE_PLANS.get(stage, lambda cfg, world_size, size: None)(cfg, world_size, sizes.get(stage))
+        except UserError as exc:
+            problems.append(str(exc))  # judge_rm repeats the reward stage's: said once (raise_all)
+    raise_all(problems, "batch settings do not fit")

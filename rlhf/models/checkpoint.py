@@ -171,6 +171,13 @@ def checkpoint_fingerprint(final: Path) -> str | None:
     return json.loads((folder / STATE_FILE).read_text()).get("fingerprint") if folder else None
 
 
+def check_checkpoint_config(final: Path, fingerprint: str) -> None:
+    """Every stage's one policy for a checkpoint written under another config: an error, not a silent restart
+    over it. Read before any weights are: a checkpoint of another config may hold another architecture."""
+    if checkpoint_fingerprint(final) not in (None, fingerprint):
+        raise UserError(f"{final} belongs to a different config; delete it or pass --force to start over")
+
+
 def load_training_state(final: Path, model: torch.nn.Module, optimizer, scheduler) -> dict | None:
     """Restore everything `save_training_state` wrote; None when there is no complete checkpoint, a
     one-line UserError when it cannot be restored (another architecture, a damaged file)."""

@@ -1,4 +1,5 @@
-"""The offline training loop shared by SFT, reward modelling and DPO, plus sharded forward-only passes.
+"""What training runs on: the accelerator, the offline stages' batch plans and data order, optimizers and
+schedulers, the SFT loss, and sharded forward-only passes. The step and the loop are `rlhf.loop`.
 
 Data order is a function of (seed, epoch) alone and the data position is the optimizer step, so
 a resumed run sees exactly the batches an uninterrupted one would. Each optimizer step takes
@@ -12,9 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections import defaultdict
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,21 +24,14 @@ from tqdm import tqdm
 
 from rlhf.core.errors import UserError
 from rlhf.core.losses import sft_loss
-from rlhf.models.checkpoint import checkpoint_fingerprint, load_training_state, save_training_state
 from rlhf.models.modeling import token_logprobs
-from rlhf.models.sharding import full_gradient_norm, prepare_trained_model
 from rlhf.stage.config import Config, TrainConfig
-from rlhf.stage.fault_points import fault_point
-from rlhf.stage.run import RunDir, stage_seed
-from rlhf.stage.signals import checkpoint_due, defer_stops, stop_if_requested
-from rlhf.stage.tracking import MetricLogger
-
-LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
+from rlhf.stage.run import stage_seed
 
 
 def sft_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
-    """The SFT loss (a `LossFn`) of a `rlhf.core.batching.collate_sequences` batch: mean NLL of its response
-    tokens (and the EOS that ends them) given the prompt; prompt and pad tokens carry no loss."""
+    """The SFT loss (a `rlhf.loop.step.LossFn`) of a `rlhf.core.batching.collate_sequences` batch: mean NLL of its
+    response tokens (and the EOS that ends them) given the prompt; prompt and pad tokens carry no loss."""
     logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"])  # (B, T)
     return sft_loss(logprobs, batch["response_mask"])
 
@@ -246,172 +238,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, tcfg: TrainConfig, total_s
         raise UserError(
             f"unknown scheduler '{tcfg.scheduler}'; use cosine, linear, constant or constant_with_warmup"
         ) from None
-
-
-def optimizer_step(
-    accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, max_grad_norm: float
-) -> torch.Tensor | None:
-    """One step on the accumulated gradients: clip them to `max_grad_norm` (when > 0), step the
-    optimizer and the scheduler, clear the gradients. -> the gradient norm before clipping (None
-    without clipping)."""
-    fault_point("optimizer_step")
-    grad_norm = None
-    if max_grad_norm > 0:
-        grad_norm = full_gradient_norm(accelerator.clip_grad_norm_(model.parameters(), max_grad_norm)).detach().float()
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm
-
-
-def train_step(
-    stage: str,
-    run: RunDir,
-    step: int,
-    accelerator: Accelerator,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler,
-    micro_batches: list[dict[str, torch.Tensor]],
-    loss_fn: LossFn,
-    max_grad_norm: float,
-    weights: list[float] | None = None,
-) -> dict[str, torch.Tensor]:
-    """One optimizer step on this process's share of a global batch, given as collated micro-batches:
-    micro-batch k's `loss_fn` loss is backpropagated with weight `weights[k]` (default 1 / len(micro_batches)),
-    gradients are synchronised across processes on the last one only, then `optimizer_step`.
-
-    -> the step's loss and loss stats weighted the same way (detached, by name), plus grad_norm when
-    clipping. A non-finite loss stops the stage with one line naming `step` (optimizer steps already taken).
-    """
-    model.train()
-    accumulation = len(micro_batches)
-    if weights is not None and len(weights) != accumulation:
-        raise ValueError(f"{len(weights)} weights for {accumulation} micro-batches")
-
-    def weighted(value: torch.Tensor, k: int) -> torch.Tensor:
-        return value / accumulation if weights is None else value * weights[k]
-
-    totals: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
-    for k, micro_batch in enumerate(micro_batches):
-        batch = {key: value.to(accelerator.device) for key, value in micro_batch.items()}
-        syncing = k == accumulation - 1
-        with nullcontext() if syncing else accelerator.no_sync(model):
-            loss, stats = loss_fn(model, batch)
-            if not torch.isfinite(loss):
-                raise UserError(
-                    f"{stage}: non-finite loss ({loss.item()}) at step {step + 1}; "
-                    f"the last good checkpoint is kept in {run.checkpoint_dir(stage)}; "
-                    f"lower {stage}.lr or check the data"
-                )
-            accelerator.backward(weighted(loss, k))
-        totals["loss"] += weighted(loss.detach(), k)
-        for key, value in stats.items():
-            totals[key] += weighted(value.detach().float(), k)
-    grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm)
-    if grad_norm is not None:
-        totals["grad_norm"] = grad_norm
-    return totals
-
-
-def fit(
-    *,
-    stage: str,
-    tcfg: TrainConfig,
-    cfg: Config,
-    run: RunDir,
-    accelerator: Accelerator,
-    model: torch.nn.Module,
-    examples: list,
-    lengths: list[int],
-    collate: Callable[[list], dict],
-    loss_fn: LossFn,
-    evaluate: Callable[[torch.nn.Module], dict[str, float]],
-    logger: MetricLogger,
-    on_fresh_start: Callable[[], None] | None = None,
-) -> tuple[torch.nn.Module, dict]:
-    """Train `model` on `examples` (with token `lengths`, for grouping) with `loss_fn`;
-    returns the unwrapped model and loop facts. `on_fresh_start` runs once the logger knows the
-    run starts at step 0 (not resumed), e.g. to log a step-0 row that a resumed run already has."""
-    plan = plan_steps(stage, tcfg, len(examples), accelerator.num_processes)
-    model, optimizer, whole = prepare_trained_model(accelerator, model, lambda m: build_optimizer(m, tcfg))
-    scheduler = build_scheduler(optimizer, tcfg, plan.total_steps)
-    fingerprint = run.fingerprint(stage, cfg)
-
-    # 1. Resume from the last complete checkpoint written for this same config, if any, with the
-    #    metric sums since the last log (a checkpoint between two logs then changes no logged mean).
-    step = 0
-    window: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), device=accelerator.device))
-    window_steps = 0
-    if checkpoint_fingerprint(run.checkpoint_dir(stage)) not in (None, fingerprint):
-        accelerator.print(f"[{stage}] ignoring {run.checkpoint_dir(stage)}: it was written for a different config")
-    else:
-        state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
-        if state is not None:
-            step = state["step"]
-            # (checkpoints of earlier versions hold no window: their next logged row covers fewer steps)
-            saved_window = state.get("log_window", {})
-            window.update({k: torch.tensor(v, device=accelerator.device) for k, v in saved_window.items()})
-            window_steps = state.get("log_window_steps", 0)
-            accelerator.print(f"[{stage}] resumed from step {step}/{plan.total_steps}")
-    resumed_from = step
-    logger.resume(step)
-    if step == 0 and on_fresh_start is not None:
-        on_fresh_start()
-    defer_stops()
-
-    # 2. One optimizer step per global batch, micro-batches accumulated locally.
-    logger.progress(plan.total_steps, initial=step, desc=stage)
-    rank = accelerator.process_index
-    while step < plan.total_steps:
-        epoch, position = divmod(step, plan.steps_per_epoch)
-        order = epoch_order(lengths, stage_seed(cfg, stage), epoch, tcfg.batch_size, tcfg.group_by_length)
-        micro_batches = [collate([examples[i] for i in rows]) for rows in plan.micro_rows(order, position, rank)]
-        totals = train_step(
-            stage, run, step, accelerator, model, optimizer, scheduler, micro_batches, loss_fn, tcfg.max_grad_norm
-        )
-        step += 1
-        logger.advance()
-        for key, value in totals.items():
-            window[key] += value
-        window_steps += 1
-
-        # 3. Metrics (means over the steps since the last log), evaluation and checkpoints on their own clocks.
-        if step % cfg.run.log_every == 0 or step == plan.total_steps:
-            reduced = {
-                f"{stage}/train/{k}": accelerator.reduce(v / window_steps, reduction="mean").item()
-                for k, v in window.items()
-            }
-            window.clear()
-            window_steps = 0
-            reduced[f"{stage}/train/lr"] = scheduler.get_last_lr()[0]
-            reduced[f"{stage}/train/epoch"] = step / plan.steps_per_epoch
-            logger.log(step, reduced, postfix=(f"{stage}/train/loss",))
-        if tcfg.eval_every and step % tcfg.eval_every == 0 and step < plan.total_steps:
-            logger.log(step, evaluate(whole.of(model)))
-        if checkpoint_due(accelerator, tcfg.save_every, step, plan.total_steps):
-            log_window = {k: accelerator.reduce(v, reduction="mean").item() for k, v in window.items()}
-            save_training_state(  # every process gathers; the main one writes
-                run.checkpoint_dir(stage),
-                accelerator.unwrap_model(model),
-                optimizer,
-                scheduler,
-                {
-                    "step": step,
-                    "fingerprint": fingerprint,
-                    "epoch": epoch,
-                    "log_window": log_window,
-                    "log_window_steps": window_steps,
-                },
-            )
-            accelerator.wait_for_everyone()
-            stop_if_requested(run.checkpoint_dir(stage))
-
-    return whole.of(model), {
-        "steps": step,
-        "resumed_from_step": resumed_from,
-        "steps_per_epoch": plan.steps_per_epoch,
-    }
 
 
 @torch.no_grad()

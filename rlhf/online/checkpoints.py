@@ -7,9 +7,8 @@ from pathlib import Path
 
 import torch
 
-from rlhf.core.errors import UserError
 from rlhf.data import write_jsonl
-from rlhf.models.checkpoint import checkpoint_fingerprint, load_training_state, save_training_state
+from rlhf.models.checkpoint import check_checkpoint_config, load_training_state, save_training_state
 from rlhf.stage.config import Config
 from rlhf.stage.run import RunDir
 from rlhf.stage.signals import defer_stops, stop_if_requested
@@ -22,11 +21,7 @@ def load_rl_checkpoint(
     """Restore the stage's last checkpoint (`save_rl_checkpoint`) into the unwrapped model, the
     optimizer, the scheduler and the RNG; -> its state ({"iteration": ..., ...}), or None when
     there is none. One written for another config is an error, not a silent restart."""
-    # The fingerprint is read before any weights are: a checkpoint of another config may hold another architecture.
-    if checkpoint_fingerprint(run.checkpoint_dir(stage)) not in (None, run.fingerprint(stage, cfg)):
-        raise UserError(
-            f"{run.checkpoint_dir(stage)} belongs to a different config; delete it or pass --force to start over"
-        )
+    check_checkpoint_config(run.checkpoint_dir(stage), run.fingerprint(stage, cfg))
     state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
     if state is not None:
         accelerator.print(f"[{stage}] resumed from iteration {state['iteration']}/{iterations}")

@@ -53,11 +53,10 @@ def engine_mismatch_metrics(rollout: Rollout, trainer_logprobs: torch.Tensor) ->
     }
 
 
-def importance_weights(
-    rollout: Rollout, trainer_logprobs: torch.Tensor, rows, width: int, cap: float | None
-) -> torch.Tensor | None:
-    """Truncated importance weights (b, width) of `rows` for the policy-gradient term, when `rollout.tis_cap` is
-    set and the engine reported its log-probs; otherwise None (no weighting). trainer_logprobs: (b, width)."""
-    if cap is None or rollout.generation_logprobs is None:
+def importance_weights(chunk: Rollout, trainer_logprobs: torch.Tensor, cap: float | None) -> torch.Tensor | None:
+    """Truncated importance weights (b, t) of a selection of rollouts (`Rollout.select`) for the policy-gradient
+    term, when `rollout.tis_cap` is set and the engine reported its log-probs; otherwise None (no weighting).
+    trainer_logprobs: (b, t)."""
+    if cap is None or chunk.generation_logprobs is None:
         return None
-    return truncated_importance_weights(trainer_logprobs, rollout.generation_logprobs[rows, :width], cap)
+    return truncated_importance_weights(trainer_logprobs, chunk.generation_logprobs, cap)

@@ -7,7 +7,7 @@ A stage that already completed for the same config is skipped (without starting 
 re-running the pipeline after a change re-runs only the stages the change reaches. Set RLHF_LAUNCH to start each
 stage under a launcher, e.g. `accelerate launch --config_file configs/accelerate/ddp.yaml` or
 `torchrun --nproc_per_node 8` (docs/scaling.md, "Many GPUs (accelerate)"; `rlhf.pipeline.launch`). Before any stage
-runs, every chosen stage's config rules (`rlhf.methods.rules`) and batch arithmetic, for the number of processes the
+runs, every chosen stage's config rules and batch arithmetic (`rlhf.methods.rules`), for the number of processes the
 launcher starts, are checked, each kind naming every broken setting at once.
 """
 
@@ -20,9 +20,10 @@ import sys
 import time
 
 from rlhf.core.errors import UserError
+from rlhf.core.stages import ONLINE_STAGES, PAIR_READERS, STAGES
 from rlhf.data import read_demonstrations, read_jsonl, unique_prompts
-from rlhf.methods.rules import check_stages
-from rlhf.pipeline.launch import check_batch_splits, launched_processes, launcher_command, run_launched
+from rlhf.methods.rules import check_batch_splits, check_stages
+from rlhf.pipeline.launch import launched_processes, launcher_command, run_launched
 from rlhf.pipeline.stage_process import preload, run_stage_script
 from rlhf.stage.cli import (
     KEYS_HELP,
@@ -33,7 +34,7 @@ from rlhf.stage.cli import (
     run_arguments,
     say,
 )
-from rlhf.stage.run import STAGE_SCRIPTS, STAGE_SECTIONS, STAGES, collect_needed, judge_needed, write_json_atomic
+from rlhf.stage.run import collect_needed, judge_needed, write_json_atomic
 from rlhf.stage.signals import Interrupted
 
 
@@ -62,7 +63,8 @@ def select_stages(
         if start not in STAGES:
             raise UserError(f"unknown stage '{start}' in --from; stages are: {', '.join(STAGES)}")
         # `--from collect` names collect, so it runs even when no stage reads its pairs (as with --only)
-        return [stage for stage in STAGES[STAGES.index(start) :] if stage in available or stage == start]
+        order = list(STAGES)
+        return [stage for stage in order[order.index(start) :] if stage in available or stage == start]
     return available
 
 
@@ -107,7 +109,7 @@ def record_pipeline_total(run, seconds: float | None) -> None:
 def stage_command(stage: str, stage_args: list[str], launch: str) -> list[str]:
     """The command that starts one stage under `launch` (RLHF_LAUNCH, e.g. "accelerate launch --config_file
     configs/accelerate/ddp.yaml", `rlhf.pipeline.launch.launcher_command`)."""
-    return [*launcher_command(launch), str(REPO_ROOT / STAGE_SCRIPTS[stage]), *stage_args]
+    return [*launcher_command(launch), str(REPO_ROOT / STAGES[stage].script), *stage_args]
 
 
 def run_stage_process(stage: str, stage_args: list[str], launch: str) -> tuple[int, str | None]:
@@ -116,7 +118,7 @@ def run_stage_process(stage: str, stage_args: list[str], launch: str) -> tuple[i
     `rlhf.pipeline.launch.run_launched`; None when the stage said it itself)."""
     if launch:
         return run_launched(stage_command(stage, stage_args, launch))
-    return run_stage_script(REPO_ROOT / STAGE_SCRIPTS[stage], stage_args), None
+    return run_stage_script(REPO_ROOT / STAGES[stage].script, stage_args), None
 
 
 def data_sizes(cfg, run, stages: list[str]) -> dict[str, int]:
@@ -128,13 +130,13 @@ def data_sizes(cfg, run, stages: list[str]) -> dict[str, int]:
     if not (data / "train.jsonl").is_file():  # no training split written: each stage says so itself
         return {}
     sizes = {"sft": len(read_demonstrations(data, "train", cfg.data.sft_path is not None))}
-    for stage, source in (("reward", cfg.reward.pairs), ("dpo", cfg.dpo.pairs)):
-        if source == "dataset" or run.is_complete("collect", cfg):
+    for stage in PAIR_READERS:
+        if (source := getattr(cfg, stage).pairs) == "dataset" or run.is_complete("collect", cfg):
             sizes[stage] = len(run.training_pairs(source))
     if "dpo" in sizes and cfg.dpo.max_train_pairs is not None:
         sizes["dpo"] = min(sizes["dpo"], cfg.dpo.max_train_pairs)
     prompts = len(unique_prompts(read_jsonl(data / "train.jsonl")))
-    sizes |= dict.fromkeys(("ppo", "grpo", "raft", "online_dpo"), prompts)
+    sizes |= dict.fromkeys(ONLINE_STAGES, prompts)
     return {stage: n for stage, n in sizes.items() if stage in stages}
 
 
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     stages = select_stages(args.only, args.start, collect_needed(cfg), judge_needed(cfg), preset_stages=cfg.run.stages)
     # each chosen stage's config rules, every broken one named at once; a stage that will be skipped needs none
     check_stages(cfg, [stage for stage in stages if force or not run.is_complete(stage, cfg)])
-    if samplers := [stage for stage in stages if "rollout" in STAGE_SECTIONS[stage]]:
+    if samplers := [stage for stage in stages if "rollout" in STAGES[stage].sections]:
         check_engine(cfg.rollout, samplers[0])  # rollout.engine=vllm where vLLM is not installed: now, not at RAFT
     launch = os.environ.get("RLHF_LAUNCH", "")
     world_size = launched_processes(launch) if launch else 1

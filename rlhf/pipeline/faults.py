@@ -40,11 +40,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from rlhf.core.stages import STAGES, TRAINED_STAGES
 from rlhf.models.checkpoint import STATE_FILE, resolve_complete
 from rlhf.stage.fault_points import FAULT_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-STAGE_ORDER = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo", "eval")
+STAGE_ORDER = (*TRAINED_STAGES, "eval")  # every stage trained with its own settings, then the evaluation
 
 # Small budgets: each stage a few seconds to a minute on one CPU core, with a checkpoint every
 # step or two so that kills land between, and inside, many checkpoint writes.
@@ -102,9 +103,12 @@ FAULT_OVERRIDES = [
     "eval.best_of_n_prompts=8",
     "eval.judges=gold,reward",
 ]
-UPSTREAM = ("data", "sft", "reward")  # built once; every stage under test reads only these
+# built once: the inputs the stages under test cannot run without (data, sft, reward), all that they read here
+UPSTREAM = tuple(name for name in STAGES if any(name in STAGES[stage].inputs for stage in STAGE_ORDER))
 KILL_KINDS = ("time", "checkpoint", "publish")
-NO_CHECKPOINT_STAGES = ("eval",)  # killed at random times only (mid-judging); a re-run redoes them from the start
+# the stages under test that train nothing, so keep no checkpoint (eval): killed at random times only (mid-judging);
+# a re-run redoes them from the start
+NO_CHECKPOINT_STAGES = tuple(stage for stage in STAGE_ORDER if STAGES[stage].trains_as is None)
 MAX_RUNS = 4  # runs of one trial's command before it counts as not surviving
 # Keys that measure the machine rather than the computation (speed, memory), or say how the run went (resumed
 # from where, what was read from a cache); left out of comparisons.
@@ -124,9 +128,7 @@ class Trial:
 
 
 def stage_command(stage: str, run_dir: Path, preset: str, extra: list[str]) -> list[str]:
-    from rlhf.stage.run import STAGE_SCRIPTS
-
-    script = REPO_ROOT / STAGE_SCRIPTS[stage]
+    script = REPO_ROOT / STAGES[stage].script
     return [sys.executable, str(script), "--preset", preset, "--output-dir", str(run_dir), *FAULT_OVERRIDES, *extra]
 
 
@@ -184,15 +186,11 @@ def outcome(run_dir: Path, stage: str) -> dict:
     read_rows = lambda path: [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []  # noqa: E731
     return {
         "weights": load_file(weights) if weights.is_file() else {},
-        "summary": stable(json.loads((run_dir / "summary.json").read_text()).get(_summary_key(stage))),
+        "summary": stable(json.loads((run_dir / "summary.json").read_text()).get(STAGES[stage].summary_section)),
         "metrics": stable(read_rows(folder / "metrics.jsonl")),
         "samples": [stable(read_rows(path)) for path in sorted(folder.glob("*samples.jsonl"))],
         "win_rates": stable(json.loads(p.read_text())) if (p := folder / "win_rates.json").is_file() else None,
     }
-
-
-def _summary_key(stage: str) -> str:
-    return "reward_model" if stage == "reward" else stage
 
 
 def differences(reference: dict, trial: dict) -> list[str]:
@@ -211,11 +209,9 @@ def differences(reference: dict, trial: dict) -> list[str]:
 
 def fresh_folder(base: Path, folder: Path, stage: str) -> None:
     """A run folder holding copies of the stages of `base` that `stage` reads (and the summary)."""
-    from rlhf.stage.run import STAGE_INPUTS
-
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    for upstream in set(STAGE_INPUTS[stage]) & set(UPSTREAM):
+    for upstream in set(STAGES[stage].inputs) & set(UPSTREAM):
         shutil.copytree(base / upstream, folder / upstream)
     shutil.copy(base / "summary.json", folder / "summary.json")
 

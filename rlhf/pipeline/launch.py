@@ -6,8 +6,8 @@ a stage that fails under it reported as the stage's own one line.
 - The launcher's first word is looked up beside this interpreter first (the virtual environment's bin folder,
   where `pip install accelerate` put `accelerate` and `torchrun`, on PATH or not), then on PATH.
 - Before any stage runs, the launcher starts rlhf/pipeline/launch_probe.py, which says how many processes it started,
-  and every chosen stage's batch arithmetic is checked for that many (`check_batch_splits`): a batch that does
-  not split is one line at start-up, not an error when its stage starts.
+  and every chosen stage's batch arithmetic is checked for that many (`rlhf.methods.rules.check_batch_splits`): a
+  batch that does not split is one line at start-up, not an error when its stage starts.
 - A stage's one-line error is also written to the file RLHF_ERROR_FILE names (`rlhf.stage.cli.run_stage`); once it
   is there, the pipeline stops passing on the launched stage's stderr (what follows is the launcher's report of
   the failed process, some 40 lines of traceback) and prints that line instead, as a stage run without a
@@ -25,9 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlhf.core.errors import UserError, raise_all
+from rlhf.core.errors import UserError
 from rlhf.stage.cli import ERROR_FILE_ENV
-from rlhf.stage.config import Config
 
 PROBE = Path(__file__).resolve().parent / "launch_probe.py"
 
@@ -60,44 +59,6 @@ def launched_processes(launch: str) -> int:
             "arguments, or unset RLHF_LAUNCH to run each stage as one process"
         )
     return int(printed[-1])
-
-
-def check_batch_splits(cfg: Config, stages: list[str], world_size: int, sizes: dict[str, int] | None = None) -> None:
-    """Each chosen stage's batch arithmetic on `world_size` processes: one line naming the keys of every stage whose
-    batches do not fit, all at once, before any stage runs. From the config alone, or with `sizes` (what each stage
-    trains on, `data_sizes`, once the data stage has written it) also every check that needs the data: the checks
-    each stage repeats at start-up."""
-    from rlhf.methods.online_dpo import plan_online_dpo
-    from rlhf.methods.plan import check_group_packing, plan_rl
-    from rlhf.methods.raft import plan_raft
-    from rlhf.models.training import plan_steps, split_batch
-
-    sizes = sizes or {}
-
-    def offline(stage: str):  # SFT, reward, DPO: with their size, the plan of their steps
-        tcfg = getattr(cfg, stage)
-        if stage in sizes:
-            return lambda: plan_steps(stage, tcfg, sizes[stage], world_size)
-        return lambda: split_batch(stage, tcfg, world_size)
-
-    grpo, G = cfg.grpo, cfg.grpo.group_size
-    checks = {
-        "sft": offline("sft"),
-        "reward": offline("reward"),
-        "judge_rm": lambda: split_batch("reward", cfg.reward, world_size),  # trained as the reward model is
-        "dpo": offline("dpo"),
-        "ppo": lambda: plan_rl("ppo", cfg.ppo, world_size, sizes.get("ppo")),
-        "grpo": lambda: check_group_packing(plan_rl("grpo", grpo, world_size, sizes.get("grpo"), G), grpo),
-        "raft": lambda: plan_raft(cfg.raft, world_size, sizes.get("raft")),
-        "online_dpo": lambda: plan_online_dpo(cfg.online_dpo, world_size, sizes.get("online_dpo")),
-    }
-    problems = []
-    for stage in stages:
-        try:
-            checks.get(stage, lambda: None)()
-        except UserError as exc:
-            problems.append(str(exc))  # judge_rm repeats the reward stage's: said once (raise_all)
-    raise_all(problems, "batch settings do not fit")
 
 
 def stderr_pipe() -> tuple[int, int]:

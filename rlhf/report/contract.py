@@ -5,34 +5,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlhf.core.stages import POLICY_STAGES, STAGES, TRAINED_STAGES
+
 NA = "n/a"
 
 
-TRAINED_STAGES = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo")
-
-
-POLICY_STAGES = ("ppo", "grpo", "raft", "dpo", "online_dpo")  # trained policies the evaluation is expected to include
-
-
-SUMMARY_SECTION = {"reward": "reward_model"}  # stage name -> its summary.json section, where they differ
-
-
-# then best_of_<N>, chosen, and anything else by name
-MODEL_ORDER = ("base", "sft", "ppo", "grpo", "raft", "dpo", "online_dpo")
-
-
-STAGE_LABELS = {
-    "data": "data",
-    "sft": "SFT",
-    "reward": "reward model",
-    "ppo": "PPO",
-    "grpo": "GRPO",
-    "raft": "RAFT",
-    "dpo": "DPO",
-    "online_dpo": "online DPO",
-    "eval": "evaluation",
-    "report": "report",
+SUMMARY_SECTION = {  # trained stage -> its summary.json section, where they differ
+    name: STAGES[name].summary_section for name in TRAINED_STAGES if STAGES[name].summary_section != name
 }
+
+
+MODEL_ORDER = ("base", *POLICY_STAGES)  # then best_of_<N>, chosen, and anything else by name
+
+
+STAGE_LABELS = {name: spec.label for name, spec in STAGES.items() if spec.label is not None}
 
 
 JUDGES = {

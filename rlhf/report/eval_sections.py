@@ -4,15 +4,14 @@ points."""
 
 from __future__ import annotations
 
+from rlhf.core.stages import POLICY_STAGES, STAGES
 from rlhf.report.contract import (
     EXTERNAL_REFERENCES,
     FIGURE_CAPTIONS_WITHOUT_GOLD,
     FIGURES,
     JUDGES,
     NA,
-    POLICY_STAGES,
     STAGE_LABELS,
-    SUMMARY_SECTION,
     TRAINED_STAGES,
     RunData,
 )
@@ -99,7 +98,7 @@ def section_eval_models(data: RunData) -> str:
     lines += degenerate_lines(models, names)
     kl_note = negative_kl_note(models[name].get("kl_to_ref") for name in names)
     lines += ["", kl_note] if kl_note else []
-    for stage in ("sft",) + POLICY_STAGES:
+    for stage in POLICY_STAGES:
         if stage not in models:
             lines += ["", note(f"{model_label(stage)}: not evaluated in this run (no `eval.models.{stage}`).")]
     return "\n".join(lines)
@@ -657,7 +656,7 @@ def section_timing(data: RunData) -> str:
     total = sum(timing[s] for s in stages)
     rows = []
     for stage in stages:
-        results = data.summary.get(SUMMARY_SECTION.get(stage, stage))
+        results = data.summary.get(STAGES[stage].summary_section if stage in STAGES else stage)
         rows.append(
             [
                 STAGE_LABELS.get(stage, stage),

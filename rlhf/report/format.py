@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-from rlhf.report.contract import MODEL_ORDER, NA
+from rlhf.core.stages import POLICY_STAGES
+from rlhf.report.contract import MODEL_ORDER, NA, STAGE_LABELS
 
 
 def is_number(value) -> bool:
@@ -97,9 +98,7 @@ def model_label(name: str) -> str:
         return f"best-of-{match.group(1)}"
     if name == "chosen":
         return "dataset chosen"
-    return {"sft": "SFT", "ppo": "PPO", "grpo": "GRPO", "raft": "RAFT", "dpo": "DPO", "online_dpo": "online DPO"}.get(
-        name, name
-    )
+    return STAGE_LABELS[name] if name in POLICY_STAGES else name
 
 
 def order_models(names) -> list[str]:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from rlhf.report.contract import POLICY_STAGES, STAGE_LABELS, RunData
+from rlhf.core.stages import METHOD_STAGES
+from rlhf.report.contract import STAGE_LABELS, RunData
 from rlhf.report.format import fmt, fmt_ci, get_path, is_number, markdown_table
 from rlhf.report.training_sections import headline_judge
 
@@ -172,7 +173,7 @@ def best_policy(summary: dict) -> tuple[str, dict] | None:
     models = get_path(summary, "eval.models", {}) or {}
     candidates = [
         (pairings[f"{m}_vs_sft"]["win_rate"], m)
-        for m in POLICY_STAGES
+        for m in METHOD_STAGES
         if isinstance(pairings.get(f"{m}_vs_sft"), dict)
         and is_number(pairings[f"{m}_vs_sft"].get("win_rate"))
         and not (models.get(m) or {}).get("degenerate")

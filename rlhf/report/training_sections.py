@@ -3,6 +3,7 @@ reward model and each stage's training run."""
 
 from __future__ import annotations
 
+from rlhf.core.stages import ONLINE_STAGES, PAIR_READERS, STAGES
 from rlhf.report.contract import (
     ERROR_CATEGORY_ORDER,
     JUDGES,
@@ -196,14 +197,13 @@ def tie_statement(summary: dict) -> str:
 
 # judges no stage trained on (online DPO may train on openai's labels)
 INDEPENDENT_JUDGES = ("gold", "openai", "independent")
-PROXY_OPTIMISERS = ("ppo", "grpo", "raft", "online_dpo")  # policies trained to maximise the reward model
 
 
 def optimised_reward_model(summary: dict, stage: str) -> bool:
     """Whether `stage`'s policy was trained to maximise the reward model: an RL stage whose reward spec has the
     `model` term (`<stage>.reward_source`, e.g. "model + 0.5*rlhf.task:gold_rewards"), and for online DPO
     whose pairs the reward ranked (`online_dpo.judge` "reward"). Unrecorded settings count as the defaults."""
-    if stage not in PROXY_OPTIMISERS:
+    if stage not in ONLINE_STAGES:
         return False
     results = summary.get(stage) if isinstance(summary.get(stage), dict) else {}
     terms = [term.strip().split("*")[-1].strip() for term in str(results.get("reward_source", "model")).split("+")]
@@ -473,9 +473,9 @@ def section_collect(data: RunData) -> str:
         return ""
     annotator = (c.get("annotator") or {}).get("judge", NA)
     readers = [
-        f"`{key}`"
-        for key, section in (("reward.pairs", "reward_model"), ("dpo.pairs", "dpo"))
-        if get_path(data.summary, f"{section}.pairs") in ("collected", "both")
+        f"`{stage}.pairs`"
+        for stage in PAIR_READERS
+        if get_path(data.summary, f"{STAGES[stage].summary_section}.pairs") in ("collected", "both")
     ]
     lines = [
         "## Collected pairs",
@@ -639,69 +639,6 @@ def _error_examples(analysis: dict, k: int) -> list[tuple[str, dict]]:
     return picked
 
 
-# What each stage's row of the training table shows: (summary key, label, decimals). `val` marks a number the stage
-# measured itself on validation prompts (`<stage>.eval_prompts`, SFT's `sft.gold_eval_prompts`): not the Headline's.
-RL_RESULT_KEYS = (
-    ("eval_prompts", "val prompts", 0),
-    ("reward_mean", "val RM reward", 3),
-    ("sft_reward_mean", "val SFT RM reward", 3),
-    ("kl_to_ref", "val KL to ref", 3),
-    ("gold_score_mean", "val gold score", 3),
-    ("gold_win_rate_vs_sft", "val gold win rate vs SFT", 3),
-)
-STAGE_RESULT_KEYS = {
-    "sft": (
-        ("val_loss", "val loss", 3),
-        ("val_perplexity", "val perplexity", 2),
-        ("gold_good_rate", "val gold good-rate", 3),
-        ("gold_score_mean", "val gold score", 3),
-    ),
-    "reward": (
-        ("val_accuracy", "val accuracy", 3),
-        ("test_accuracy", "test accuracy", 3),
-        ("test_gold_accuracy", "test accuracy vs gold", 3),
-    ),
-    "ppo": (
-        ("episodes", "episodes", 0),
-        *RL_RESULT_KEYS,
-        ("final_kl_coef", "final β", 3),
-        ("time_per_sample_ms", "ms per sample", 1),
-    ),
-    "grpo": (
-        ("episodes", "episodes", 0),
-        ("group_size", "group size G", 0),
-        *RL_RESULT_KEYS,
-        ("train_zero_std_groups", "zero-std groups", 3),
-        ("time_per_sample_ms", "ms per sample", 1),
-    ),
-    "raft": (
-        ("episodes", "episodes", 0),
-        ("samples_per_prompt", "samples per prompt N", 0),
-        ("top_k", "kept per prompt", 0),
-        *RL_RESULT_KEYS,
-        ("time_per_sample_ms", "ms per sample", 1),
-    ),
-    "dpo": (
-        ("loss_type", "loss", 0),
-        ("beta", "β", 3),
-        ("train_loss", "final train loss", 3),
-        ("val_accuracy", "val implicit-reward accuracy", 3),
-        ("test_accuracy", "test implicit-reward accuracy", 3),
-        ("n_eval_prompts", "val prompts", 0),
-        ("gold_score_mean", "val gold score", 3),
-        ("win_rate_vs_sft", "val gold win rate vs SFT", 3),
-    ),
-    "online_dpo": (
-        ("episodes", "episodes", 0),
-        ("judge", "judge", 0),
-        ("reference", "reference", 0),
-        ("pairs_kept_rate", "pairs kept", 3),
-        *RL_RESULT_KEYS,
-        ("time_per_sample_ms", "ms per sample", 1),
-    ),
-}
-
-
 def stage_result(key: str, value, digits: int) -> str:
     """One value of a training-table row: strings as they are, KL estimates marked when below 0, else `fmt`."""
     if isinstance(value, str):
@@ -731,7 +668,7 @@ def section_training(data: RunData) -> str:
         length_key = next((k for k in ("steps", "iterations", "rounds") if is_number(results.get(k))), None)
         shown = [
             f"{label} {stage_result(key, results[key], digits)}"
-            for key, label, digits in STAGE_RESULT_KEYS.get(stage, ())
+            for key, label, digits in STAGES[stage].results
             if results.get(key) is not None
         ]
         rows.append(

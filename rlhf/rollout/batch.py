@@ -75,6 +75,15 @@ class Rollout:
     # Log-probs at the sampling temperature from generate()'s own logits (B, T), 0 outside the
     # response; only when asked for (tests and diagnostics).
     generation_logprobs: torch.Tensor | None = None
+    # What a training stage derives from the rollouts, attached once computed (`dataclasses.replace`) so that
+    # `select` slices it with the tokens; each 0 outside the response where per token, None until computed.
+    old_logprobs: torch.Tensor | None = None  # (B, T) the trainer's log-probs before the update (PPO's pi_old)
+    ref_logprobs: torch.Tensor | None = None  # (B, T) the reference policy's
+    values: torch.Tensor | None = None  # (B, T) V_old: the critic's value of each token's state
+    returns: torch.Tensor | None = None  # (B, T) GAE's value targets
+    advantages: torch.Tensor | None = None  # (B, T) per token (PPO), or (B,) one per response (GRPO)
+    scores: torch.Tensor | None = None  # (B,) each response's training score
+    rows: torch.Tensor | None = None  # (B,) after `select`: each row's index in the batch it was selected from
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -85,7 +94,8 @@ class Rollout:
         return self.response_mask.sum(-1)  # (B,) tokens, EOS included
 
     def select(self, rows: torch.Tensor | list[int]) -> Rollout:
-        """The rollouts of `rows` (any order, repeats allowed), trimmed to their longest row."""
+        """The rollouts of `rows` (any order, repeats allowed), every tensor with them, trimmed to their longest
+        row: (B, T) -> (b, t), (B,) -> (b,)."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.input_ids.device)
         width = int(self.lengths[rows].max()) if len(rows) else 0
         picked = {}
@@ -94,6 +104,7 @@ class Rollout:
             if isinstance(value, torch.Tensor):
                 value = value[rows] if value.dim() == 1 else value[rows, :width]
             picked[f.name] = value
+        picked["rows"] = picked["rows"] if self.rows is not None else rows  # a selection of a selection: the first
         return Rollout(**picked)
 
     def to(self, device) -> Rollout:

@@ -22,6 +22,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rlhf.core.errors import UserError
+from rlhf.core.stages import STAGES
 from rlhf.stage.config import Config, dump_yaml, load_config, preset_path
 from rlhf.stage.run import STAGE_SCRIPTS, RunDir, config_inputs, write_text_atomic
 from rlhf.stage.signals import Interrupted, graceful_stops
@@ -250,13 +251,18 @@ def check_writable(folder: Path) -> None:
 
 
 def out_of_memory_advice(stage: str | None) -> str:
-    """The one-line error for CUDA running out of memory: which key to lower in this stage."""
-    if stage is None or stage in ("data", "eval", "report"):
+    """The one-line error for CUDA running out of memory: which keys to lower in this stage's config section (the
+    section of the stage it trains as: judge_rm's are reward's)."""
+    spec = STAGES.get(stage) if stage else None
+    if spec is None or spec.forward_batch_key is None:
         return "CUDA out of memory; lower eval.batch_size, or run on a GPU with more memory"
-    forward_key = f"{stage}.forward_batch_size" if stage in ("ppo", "grpo") else f"{stage}.eval_batch_size"
+    section = spec.trains_as or spec.name
+    forward = f"{section}.{spec.forward_batch_key}"
+    if spec.trains_as is None:  # it samples and scores, and trains nothing (collect)
+        return f"{stage}: CUDA out of memory; lower {forward}, or run on a GPU with more memory"
     return (
-        f"{stage}: CUDA out of memory; halve {stage}.micro_batch_size (gradient accumulation keeps "
-        f"{stage}.batch_size, which must stay a multiple of it), or {forward_key} if it ran out while "
+        f"{stage}: CUDA out of memory; halve {section}.micro_batch_size (gradient accumulation keeps "
+        f"{section}.batch_size, which must stay a multiple of it), or {forward} if it ran out while "
         "sampling or evaluating"
     )
 

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from rlhf.core.errors import UserError
+from rlhf.core.stages import PAIR_READERS, TRAINED_STAGES
 from rlhf.data import DEMONSTRATION_FORMATS, PAIR_FORMATS
 from rlhf.judges import JudgeSettings
 
@@ -108,7 +109,7 @@ class TokenizerConfig:
 
 
 # The stages that train weights, so the ones model.lora.stages may name.
-LORA_STAGES = ("sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo")
+LORA_STAGES = TRAINED_STAGES
 # Full SFT, then LoRA (model.lora.stages): the recipe when full SFT is affordable, and the only one that learns on a
 # randomly initialised base, whose adapters would otherwise sit on random weights.
 LORA_AFTER_SFT = ",".join(LORA_STAGES[1:])
@@ -629,6 +630,16 @@ def require_positive(node: Any, keys: Iterable[str], prefix: str) -> None:
         raise UserError(f"{prefix}.{key}={value} must be {bound}; set {prefix}.{key} to a positive number")
 
 
+def check_whole_groups(stage: str, batch_size: int, group_size: int) -> None:
+    """A rollout batch holds whole groups of `group_size` responses per prompt: grpo's rule
+    (`rlhf.methods.rules`) and every RL stage's batch plan (`rlhf.methods.plan`)."""
+    if batch_size % group_size:
+        raise UserError(
+            f"{stage}.batch_size={batch_size} must be divisible by {stage}.group_size={group_size} "
+            f"(whole groups per batch); set {stage}.batch_size to a multiple of {group_size}"
+        )
+
+
 def validate(cfg: Config) -> None:
     """Rules every stage shares, checked once at load time: counts are positive, rates and coefficients lie in their
     natural ranges (RANGE_KEYS), shares lie in [0, 1], and the judge settings are usable. Stage-specific rules stay
@@ -657,7 +668,7 @@ def validate(cfg: Config) -> None:
     for key in ("annotator_noise", "length_bias"):  # probabilities of the embedded task's annotator
         if not 0 <= (value := getattr(cfg.data.embedded, key)) <= 1:
             raise UserError(f"data.embedded.{key}={value} is a probability; set it in [0, 1]")
-    for section in ("sft", "reward", "dpo", "ppo", "grpo", "raft", "online_dpo"):
+    for section in TRAINED_STAGES:
         node = getattr(cfg, section)
         if node.micro_batch_size > node.batch_size:
             raise UserError(
@@ -681,7 +692,7 @@ def validate(cfg: Config) -> None:
         )
     if cfg.eval.baseline not in EVAL_BASELINES:
         raise UserError(f"eval.baseline={cfg.eval.baseline!r} is unknown; use one of {', '.join(EVAL_BASELINES)}")
-    for section in ("reward", "dpo"):
+    for section in PAIR_READERS:
         source = getattr(cfg, section).pairs
         if source not in PAIR_SOURCES:
             raise UserError(f"{section}.pairs={source!r} is not a pair source; use one of {', '.join(PAIR_SOURCES)}")

@@ -31,74 +31,13 @@ from pathlib import Path
 import yaml
 
 from rlhf.core.errors import UserError
+from rlhf.core.stages import METHOD_STAGES, PAIR_READERS, STAGES
 from rlhf.data import read_jsonl
 from rlhf.stage.config import LORA_STAGES, Config, all_keys, is_gguf, load_config, to_dict
 
-STAGES = (
-    "data",
-    "sft",
-    "collect",
-    "reward",
-    "judge_rm",
-    "ppo",
-    "grpo",
-    "raft",
-    "dpo",
-    "online_dpo",
-    "eval",
-    "report",
-)
-
-# Config sections each stage reads (beyond `run.seed`), and the stages whose outputs it reads.
-STAGE_SECTIONS = {
-    "data": ("data", "tokenizer", "model"),
-    "sft": ("model", "sft"),
-    "collect": ("collect", "judge", "rollout"),  # the judge section configures the openai annotator
-    "reward": ("reward",),
-    "judge_rm": ("reward",),  # trained as the reward model is, on data/judge.jsonl
-    "ppo": ("ppo", "rollout"),
-    "grpo": ("grpo", "rollout"),
-    "raft": ("raft", "rollout"),
-    "dpo": ("dpo",),
-    "online_dpo": ("online_dpo", "judge", "rollout"),  # the judge section configures online_dpo.judge=openai
-    "eval": ("eval", "judge", "rollout"),
-    "report": (),  # reads no config section: only the run folder's files
-}
-LATER_SECTIONS = ("rollout",)
-STAGE_INPUTS = {
-    "data": (),
-    "sft": ("data",),
-    "collect": ("data", "sft"),
-    "reward": ("data", "sft"),  # and "collect" when reward.pairs reads collected pairs (`stage_inputs`)
-    "judge_rm": ("data", "sft"),  # the independent judge's reward model; an input of eval when data.judge_fraction > 0
-    "ppo": ("data", "sft", "reward"),
-    "grpo": ("data", "sft", "reward"),
-    "raft": ("data", "sft", "reward"),
-    "dpo": ("data", "sft"),  # runs after reward in the chain, but never reads the reward model; "collect" as reward
-    "online_dpo": ("data", "sft", "reward"),
-    # evaluates whichever policies completed
-    "eval": ("data", "sft", "reward", "ppo", "grpo", "raft", "dpo", "online_dpo"),
-    "report": ("eval",),  # eval's fingerprint covers every earlier stage
-}
-STAGE_SCRIPTS = {
-    "data": "part1_reward/analyze_data.py",
-    "sft": "part1_reward/train_sft.py",
-    "collect": "part1_reward/collect_pairs.py",
-    "reward": "part1_reward/train_reward.py",
-    "judge_rm": "part4_eval/train_judge_rm.py",
-    "ppo": "part2_ppo_grpo/train_ppo.py",
-    "grpo": "part2_ppo_grpo/train_grpo.py",
-    "raft": "part2_ppo_grpo/train_raft.py",
-    "dpo": "part3_dpo/train_dpo.py",
-    "online_dpo": "part3_dpo/train_online_dpo.py",
-    "eval": "part4_eval/evaluate.py",
-    "report": "part4_eval/make_report.py",
-}
-TRAINS_AS = {"judge_rm": "reward"}  # a stage trained as another one is: its settings, LoRA (model.lora.stages) too
-METHOD_STAGES = ("ppo", "grpo", "raft", "dpo", "online_dpo")  # the alignment stages: run.method_seed seeds them
-OPTIONAL_INPUTS = {"eval": METHOD_STAGES}  # inputs a stage runs without: eval evaluates whichever policies completed
+LATER_SECTIONS = ("rollout",)  # config sections added after runs were made: fingerprinted only when set
+STAGE_SCRIPTS = {name: spec.script for name, spec in STAGES.items()}
 COMPLETE_FILE = "complete.json"
-PAIR_READERS = ("reward", "dpo")  # stages whose `pairs` setting may read the collect stage's pairs
 
 
 def stage_seed(cfg: Config, stage: str) -> int:
@@ -108,34 +47,41 @@ def stage_seed(cfg: Config, stage: str) -> int:
     return cfg.run.seed
 
 
+def fixed_inputs(stage: str) -> tuple[str, ...]:
+    """The stages whose outputs `stage` reads under every config: its inputs, then its optional ones
+    (`rlhf.core.stages.StageSpec`)."""
+    return (*STAGES[stage].inputs, *STAGES[stage].optional_inputs)
+
+
 def stage_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
-    """The stages whose outputs `stage` reads under this config: STAGE_INPUTS, plus `collect` for a
+    """The stages whose outputs `stage` reads under this config: `fixed_inputs`, plus `collect` for a
     pair reader whose `pairs` setting is "collected" or "both", and `judge_rm` for eval when data.judge_fraction
     holds pairs out for it."""
     if stage in PAIR_READERS and getattr(cfg, stage).pairs != "dataset":
-        return (*STAGE_INPUTS[stage], "collect")
+        return (*fixed_inputs(stage), "collect")
     if stage == "eval" and judge_needed(cfg):
-        return (*STAGE_INPUTS[stage], "judge_rm")
-    return STAGE_INPUTS[stage]
+        return (*fixed_inputs(stage), "judge_rm")
+    return fixed_inputs(stage)
 
 
 def required_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
-    """The input stages `stage` cannot run without under this config: `stage_inputs` less OPTIONAL_INPUTS."""
-    return tuple(name for name in stage_inputs(stage, cfg) if name not in OPTIONAL_INPUTS.get(stage, ()))
+    """The input stages `stage` cannot run without under this config: `stage_inputs` less its optional ones."""
+    return tuple(name for name in stage_inputs(stage, cfg) if name not in STAGES[stage].optional_inputs)
 
 
 def config_inputs(stage: str, cfg: Config) -> tuple[str, ...]:
-    """The inputs this config adds to the stage's fixed ones (STAGE_INPUTS); they must have completed."""
-    return tuple(name for name in stage_inputs(stage, cfg) if name not in STAGE_INPUTS[stage])
+    """The inputs this config adds to the stage's fixed ones (`fixed_inputs`); they must have completed."""
+    return tuple(name for name in stage_inputs(stage, cfg) if name not in fixed_inputs(stage))
 
 
 def stage_sections(stage: str, cfg: Config) -> tuple[str, ...]:
-    """The config sections `stage` reads (STAGE_SECTIONS): the `judge` section only where the stage asks the LLM
-    judge (collect.annotator or online_dpo.judge = openai), so a judge.* change re-judges in eval alone."""
+    """The config sections `stage` reads (its spec's `sections`): the `judge` section only where the stage asks the
+    LLM judge (collect.annotator or online_dpo.judge = openai), so a judge.* change re-judges in eval alone."""
+    sections = STAGES[stage].sections
     asks_the_llm_judge = {"collect": cfg.collect.annotator == "openai", "online_dpo": cfg.online_dpo.judge == "openai"}
     if asks_the_llm_judge.get(stage, True):
-        return STAGE_SECTIONS[stage]
-    return tuple(section for section in STAGE_SECTIONS[stage] if section != "judge")
+        return sections
+    return tuple(section for section in sections if section != "judge")
 
 
 def judge_needed(cfg: Config) -> bool:
@@ -213,7 +159,7 @@ class RunDir:
             "inputs": {name: self.fingerprint(name, cfg) for name in stage_inputs(stage, cfg)},
         }
         lora = cfg.model.lora  # sft's use of it is in the model section (fingerprinted_model_section)
-        trains_as = TRAINS_AS.get(stage, stage)
+        trains_as = STAGES[stage].trains_as
         if lora.enabled and trains_as in LORA_STAGES[1:] and lora.stage_names() != LORA_STAGES:
             payload["lora"] = trains_as in lora.stage_names()  # some stages train adapters: is this one of them?
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
@@ -353,7 +299,7 @@ class RunDir:
         for key, value in updates.items():
             if key == "timing_s":
                 summary[key] = {**summary.get(key, {}), **value}
-                if stages := [name for name in value if name in STAGE_SCRIPTS]:
+                if stages := [name for name in value if name in STAGES]:
                     import torch
 
                     threads = {name: torch.get_num_threads() for name in stages}
