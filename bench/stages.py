@@ -50,7 +50,7 @@ from rlhf.core.batching import (  # noqa: E402
 from rlhf.core.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
 from rlhf.data import read_demonstrations, read_jsonl  # noqa: E402
 from rlhf.loop.step import equal_micro_batches, train_step  # noqa: E402
-from rlhf.methods.dpo import PrecomputedReference, make_loss_fn, split_logps  # noqa: E402
+from rlhf.methods.dpo import PrecomputedReference, indexed_pairs, make_loss_fn, split_logps  # noqa: E402
 from rlhf.models.lora import load_trainable_policy, reference_policy, with_lora  # noqa: E402
 from rlhf.models.memory import peak_memory_mb  # noqa: E402
 from rlhf.models.modeling import (  # noqa: E402
@@ -188,7 +188,7 @@ def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
         return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
 
     def collate_indexed(indices):
-        return {**collate([pairs[i] for i in indices]), "index": torch.tensor(indices)}
+        return indexed_pairs(collate, pairs, indices)
 
     # The reference: with LoRA, as the stage, the policy with its adapters disabled (one copy of the weights);
     # without, a copy of the SFT policy, freed before the policy loads.

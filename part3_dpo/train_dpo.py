@@ -64,6 +64,7 @@ from rlhf.methods.dpo import (
     OnTheFlyReference,
     PrecomputedReference,
     Throughput,
+    indexed_pairs,
     make_loss_fn,
     split_logps,
 )
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
         return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
 
     def collate_indexed(indices):  # fit's examples are train indices, so a batch finds its cached reference
-        return {**collate([pairs["train"][i] for i in indices]), "index": torch.tensor(indices)}
+        return indexed_pairs(collate, pairs["train"], indices)
 
     def score_split(model, split):
         return split_logps(model, pairs[split], collate, dcfg.eval_batch_size, accelerator, average)

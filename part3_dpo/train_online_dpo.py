@@ -48,7 +48,7 @@ from rlhf.core.losses import DPO_AVERAGES_LOGPS
 from rlhf.core.stages import STAGES
 from rlhf.judges import OpenAIJudge, SimulatedAnnotatorJudge
 from rlhf.loop.step import MicroBatch, accumulation_weights, train_step
-from rlhf.methods.dpo import PrecomputedReference, local_pair_logps, make_loss_fn
+from rlhf.methods.dpo import PrecomputedReference, indexed_pairs, local_pair_logps, make_loss_fn
 from rlhf.methods.online_dpo import best_worst_pairs, pair_indices_to_rows, plan_online_dpo, split_micro_batches
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.modeling import load_reward_model
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         # 4c. Reference log-probs of the pairs: the SFT policy, or the sampling policy itself (no grad either way).
         ref_model = sft_policy if ocfg.reference == "sft" else stage.policy()
         ref_logps = local_pair_logps(ref_model, pairs, collate, ocfg.forward_batch_size, accelerator, average)
-        reference = PrecomputedReference({"train": ref_logps})  # (n, 2), looked up by batch["index"]
+        reference = PrecomputedReference({"train": ref_logps})  # (n, 2), by each row's index (`indexed_pairs`)
         t2 = time.perf_counter()
 
         # 4d. DPO steps on the pairs, in micro-batches of near-equal size (gradients averaged over processes).
@@ -180,10 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         weights = accumulation_weights([len(c) for c in chunks], pairs_per_process) if own_pairs else [0.0]
         micro = [
             MicroBatch(
-                {
-                    k: v.to(device)
-                    for k, v in {**collate([pairs[i] for i in chunk]), "index": torch.tensor(chunk)}.items()
-                },
+                {k: v.to(device) for k, v in indexed_pairs(collate, pairs, chunk).items()},
                 weight,
                 weight,
             )

@@ -125,7 +125,7 @@ def test_prompt_and_pad_tokens_cannot_move_the_response_sum(monkeypatch):
 
 def collate_indexed(pairs):
     def collate(indices):
-        return {**collate_shared_prompt_pairs([pairs[i] for i in indices], PAD, 8, 6), "index": torch.tensor(indices)}
+        return dpo.indexed_pairs(lambda batch: collate_shared_prompt_pairs(batch, PAD, 8, 6), pairs, indices)
 
     return collate
 

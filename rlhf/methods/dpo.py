@@ -59,8 +59,14 @@ def split_logps(model, pairs: list[EncodedPair], collate, batch_size: int, accel
     )  # (N, 2)
 
 
+def indexed_pairs(collate: Callable[[list], dict], pairs: list[EncodedPair], indices: list[int]) -> dict:
+    """The collated batch of `pairs[i] for i in indices`, with `index` (B,): each row's position in `pairs`, by
+    which `PrecomputedReference.batch` finds its reference log-probs."""
+    return {**collate([pairs[i] for i in indices]), "index": torch.tensor(indices)}
+
+
 class PrecomputedReference:
-    """Reference log-probs looked up by pair index from the one forward-only pass."""
+    """Reference log-probs from the one forward-only pass, looked up by each batch row's `index` (`indexed_pairs`)."""
 
     def __init__(self, logps: dict[str, torch.Tensor]):
         self.logps = logps  # split -> (N, 2)
