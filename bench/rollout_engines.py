@@ -37,7 +37,7 @@ from rlhf.models.modeling import disable_dropout, load_policy, load_tokenizer, t
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.engines import build_engine, vllm_installed
 from rlhf.rollout.generate import sampling_seeds
-from rlhf.stage.config import RolloutConfig
+from rlhf.stage.schema import RolloutConfig
 
 SHAPES = {  # GPT-2 widths; tiny is the tiny preset's model (configs/tiny.yaml)
     "tiny": {"n_layer": 4, "n_embd": 192, "n_head": 6, "vocab_size": 1024},

@@ -60,8 +60,9 @@ from rlhf.models.modeling import (  # noqa: E402
     load_tokenizer,
 )
 from rlhf.models.training import build_optimizer, build_scheduler, epoch_order, make_accelerator, sft_batch_loss  # noqa: E402
-from rlhf.stage.config import Config, load_config, preset_path  # noqa: E402
+from rlhf.stage.config import load_config, preset_path  # noqa: E402
 from rlhf.stage.run import RunDir  # noqa: E402
+from rlhf.stage.schema import Config  # noqa: E402
 
 OFFLINE_STAGES = ("sft", "reward", "dpo")
 RL_STAGES = ("ppo", "grpo")

@@ -48,8 +48,9 @@ from rlhf.models.lora import REWARD_HEAD, lora_targets
 from rlhf.models.memory import peak_memory_mb
 from rlhf.models.modeling import load_tokenizer
 from rlhf.online.prompts import iteration_prompts
-from rlhf.stage.config import Config, load_config, preset_path
+from rlhf.stage.config import load_config, preset_path
 from rlhf.stage.run import RunDir, stage_seed
+from rlhf.stage.schema import Config
 
 TRL_STAGES = ("sft", "reward", "dpo", "grpo")
 

@@ -55,8 +55,8 @@ from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.engines import build_engine, check_engine
 from rlhf.rollout.generate import sampling_seeds
 from rlhf.rollout.rewards import text_scorer
-from rlhf.stage.config import Config
 from rlhf.stage.run import RunDir, write_json_atomic
+from rlhf.stage.schema import Config
 
 # Why a sampled pair is not written: the data stage's reasons, and the annotator's two.
 COLLECT_DROP_REASONS = (*DROP_REASONS, "annotator_tie", "annotator_invalid")

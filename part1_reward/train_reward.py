@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None, stage: str = "reward") -> None:
         loss_fn=loss_fn,
         evaluate=evaluate,
         logger=logger,
+        loss_units=lambda batch: float(len(batch["input_ids"])),  # a mean over pairs, one row each
     )
     model = pairwise.reward_model
 

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         loss_fn=sft_batch_loss,
         evaluate=evaluate,
         logger=logger,
+        loss_units=lambda batch: float(batch["response_mask"].sum()),  # sft_loss: a mean over response tokens
     )
 
     # 4. Final validation loss, and what the policy now says.

@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         loss_fn=loss_fn,
         evaluate=evaluate,
         logger=logger,
+        loss_units=lambda batch: float(len(batch["input_ids"])),  # a mean over pairs, one row each
         on_fresh_start=log_step_zero,  # after fit knows it is not resuming: a resumed run keeps its first row
     )
     timing["train"] = time.perf_counter() - t0

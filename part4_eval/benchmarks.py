@@ -56,7 +56,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.max_new_tokens < 1 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise UserError("--max-new-tokens, --batch-size and --limit must be >= 1")
     from rlhf.rollout.engines import check_engine
-    from rlhf.stage.config import RolloutConfig
+    from rlhf.stage.schema import RolloutConfig
 
     args.rollout = RolloutConfig(engine=args.engine, cpu_kv_cache_mb=args.cpu_kv_cache_mb)
     with these_options():
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> None:
     from rlhf.models.sources import dequantize, is_dequantized, locate_gguf
     from rlhf.rollout.benchmarks import answer_benchmark, load_benchmark, summary_line
     from rlhf.rollout.engines import build_engine
-    from rlhf.stage.config import LoRAConfig, ModelConfig, TokenizerConfig, is_gguf
+    from rlhf.stage.config import is_gguf
+    from rlhf.stage.schema import LoRAConfig, ModelConfig, TokenizerConfig
 
     rows = {name: load_benchmark(name, getattr(args, f"{name}_path")) for name in args.benchmarks}  # fail fast
     rows = {name: r[: args.limit] if args.limit else r for name, r in rows.items()}

@@ -28,7 +28,8 @@ from rlhf.models.modeling import (
     value_model_from_reward,
 )
 from rlhf.models.training import make_accelerator
-from rlhf.stage.config import RewardConfig, load_config, preset_path
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.schema import RewardConfig
 
 PAD = 0
 PAIRS = [EncodedPair([3, 7], [9, 4, 1], [5, 1]), EncodedPair([6], [2, 1], [8, 8, 8, 1])]

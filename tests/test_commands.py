@@ -88,7 +88,7 @@ def test_a_stage_scripts_help_names_the_script_and_where_every_key_is(capsys):
         parse_stage_args("sft", ["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert exit_info.value.code == 0 and text.startswith("usage: python part1_reward/train_sft.py")
-    assert "rlhf/stage/config.py" in text and "section.key=value" in text
+    assert "rlhf/stage/schema.py" in text and "section.key=value" in text
 
 
 def test_every_other_part4_script_names_the_command_a_user_types_in_its_help():

@@ -19,7 +19,8 @@ import pytest
 from conftest import REPO
 
 from rlhf.core.errors import UserError
-from rlhf.stage.config import Config, all_keys, load_config, preset_path, set_key
+from rlhf.stage.config import all_keys, load_config, preset_path, set_key
+from rlhf.stage.schema import Config
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
@@ -205,7 +206,7 @@ def test_configuration_page_lists_every_config_key_and_only_real_ones():
     listed = set(re.findall(r"^\| `([a-z_0-9.]+)` \|", reference, re.M))
     keys = set(all_keys(Config()))
     assert keys - listed == set(), "keys missing from docs/configuration.md: add a row to its 'Every key' tables"
-    assert listed - keys == set(), "docs/configuration.md lists keys rlhf/stage/config.py does not have"
+    assert listed - keys == set(), "docs/configuration.md lists keys rlhf/stage/schema.py does not have"
 
 
 def test_the_checks_catch_a_made_up_script_preset_key_module_and_link(tmp_path):

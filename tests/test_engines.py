@@ -23,7 +23,8 @@ from rlhf.rollout.batch import SamplingConfig, pack_rollout
 from rlhf.rollout.engines import HFEngine, build_engine, check_engine, resolve_engine, vllm_installed
 from rlhf.rollout.forward import rollout_logprobs
 from rlhf.rollout.generate import sampling_seeds
-from rlhf.stage.config import LoRAConfig, RolloutConfig, load_config
+from rlhf.stage.config import load_config
+from rlhf.stage.schema import LoRAConfig, RolloutConfig
 
 # The tests that need vLLM: `bash run_tests.sh` runs them in .venv-vllm (scripts/env.sh), where they must run
 # (RLHF_REQUIRE_VLLM=1); elsewhere, without vLLM installed, they skip.

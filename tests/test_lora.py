@@ -38,8 +38,9 @@ from rlhf.models.lora import (
 from rlhf.models.modeling import load_policy, load_reward_model, reward_scores, token_logprobs
 from rlhf.models.roles import check_frozen, frozen_digests
 from rlhf.models.training import build_optimizer
-from rlhf.stage.config import LORA_AFTER_SFT, LORA_STAGES, LoRAConfig, load_config, preset_path, to_dict
-from rlhf.stage.run import LATER_SECTIONS, STAGES, RunDir, stage_inputs, stage_sections, stage_seed
+from rlhf.stage.config import LORA_AFTER_SFT, load_config, preset_path, to_dict
+from rlhf.stage.run import LATER_KEYS, LATER_SECTIONS, STAGES, RunDir, stage_inputs, stage_sections, stage_seed
+from rlhf.stage.schema import LORA_STAGES, LoRAConfig
 
 LORA = LoRAConfig(enabled=True, r=4, alpha=8.0)
 CPU = torch.device("cpu")
@@ -341,7 +342,10 @@ def fingerprint_before_lora_stages(run: RunDir, stage: str, cfg) -> str:
     """RunDir.fingerprint as it was before model.lora.stages existed: every section whole, no per-stage LoRA entry
     (the sections as `stage_sections` reads them now: the judge section only for a stage that asks the LLM judge)."""
     tree = to_dict(cfg)
-    del tree["model"]["lora"]["stages"]  # the key those runs did not have (nor the sections added since)
+    del tree["model"]["lora"]["stages"]  # the key those runs did not have (nor the sections and keys added since)
+    for section in tree.values():
+        for key in LATER_KEYS:
+            section.pop(key, None)
     payload = {
         "seed": stage_seed(cfg, stage),
         "mixed_precision": cfg.run.mixed_precision,

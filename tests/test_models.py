@@ -19,7 +19,7 @@ from rlhf.models.modeling import (
     shared_prompt_response_logprobs,
     token_logprobs,
 )
-from rlhf.stage.config import RewardConfig
+from rlhf.stage.schema import RewardConfig
 
 PAD = 0
 

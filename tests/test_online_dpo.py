@@ -23,7 +23,7 @@ from rlhf.methods.online_dpo import (
     split_micro_batches,
 )
 from rlhf.methods.rules import check_online_dpo_config
-from rlhf.stage.config import OnlineDPOConfig
+from rlhf.stage.schema import OnlineDPOConfig
 
 SCRIPT = "part3_dpo/train_online_dpo.py"
 # 4 iterations x 16 prompts x K = 2, one DPO step each.

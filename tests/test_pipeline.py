@@ -288,7 +288,7 @@ def test_help_lists_every_argument_and_answers_before_torch_loads(capsys):
     assert exit_info.value.code == 0 and text.startswith("usage: bash run_all.sh")
     for item in ("--only", "--from", "--preset", "--config", "--output-dir", "--force", "section.key=value"):
         assert item in text
-    assert "rlhf/stage/config.py" in " ".join(text.split())  # where every key is
+    assert "rlhf/stage/schema.py" in " ".join(text.split())  # where every key is
     # a mistyped flag is run_all.sh's usage error, not the "pipeline stage" parser's
     with pytest.raises(SystemExit) as exit_info:
         pipeline.parse_args(["--presett", "tiny"])

@@ -8,7 +8,8 @@ from rlhf.analysis.evaluation import best_of_n_choice
 from rlhf.core.errors import UserError
 from rlhf.methods.raft import kept_rows, plan_raft, select_top_k, tied_prompts
 from rlhf.methods.rules import check_raft_config
-from rlhf.stage.config import RAFTConfig, load_config, preset_path
+from rlhf.stage.config import load_config, preset_path
+from rlhf.stage.schema import RAFTConfig
 
 # Two prompts, N = 4 samples each. Prompt 0 ties at 0.7 (samples 1 and 3); prompt 1 has no tie.
 SCORES = torch.tensor([[0.1, 0.7, 0.3, 0.7], [2.0, -1.0, 0.5, 1.0]])
@@ -67,6 +68,7 @@ def test_plan_raft_derived_sizes():
         ({"samples_per_prompt": 0}, "raft.samples_per_prompt=0 must be at least 1"),
         ({"eval_every": -1}, "raft.eval_every=-1 must be >= 0"),
         ({"reward": "model + gold"}, "raft.reward: unknown reward source 'gold'"),
+        ({"micro_batch_tokens": 512}, "raft.micro_batch_tokens=512: RAFT's fine-tuning takes raft.micro_batch_size"),
     ],
 )
 def test_config_errors_are_one_line(changes, message):

@@ -14,7 +14,7 @@ from rlhf.methods.rules import check_grpo_config, check_ppo_config
 from rlhf.rollout.reward_functions import MAX_WORDS, concise_sentence
 from rlhf.rollout.reward_spec import MODEL, RewardTerm, format_reward_spec, load_reward_function, parse_reward_spec
 from rlhf.rollout.rewards import RewardSource, call_reward_function, combine_rewards, load_reward_source
-from rlhf.stage.config import GRPOConfig, PPOConfig
+from rlhf.stage.schema import GRPOConfig, PPOConfig
 
 PROMPT = "\n\nHuman: What is 3 plus 4?\n\nAssistant:"
 

@@ -48,8 +48,9 @@ from rlhf.online.held_out import (
 from rlhf.online.prompts import check_gold_prompts, iteration_prompts, load_rl_prompts, local_prompt_rows
 from rlhf.online.stats import flat_reward_warning, gold_metrics, loop_costs, pearson, response_metrics
 from rlhf.rollout.batch import Rollout, SamplingConfig, eval_sampling
-from rlhf.stage.config import GRPOConfig, PPOConfig, RLConfig, load_config, preset_path
+from rlhf.stage.config import load_config, preset_path
 from rlhf.stage.run import RunDir
+from rlhf.stage.schema import GRPOConfig, PPOConfig, RLConfig
 
 
 def close(actual, expected, tol=1e-6):

@@ -17,7 +17,7 @@ from rlhf.core.stages import (
     STAGES,
     TRAINED_STAGES,
 )
-from rlhf.stage.config import Config
+from rlhf.stage.schema import Config
 
 ORDER = ("data", "sft", "collect", "reward", "judge_rm", "ppo", "grpo", "raft", "dpo", "online_dpo", "eval", "report")
 METHODS = ("ppo", "grpo", "raft", "dpo", "online_dpo")

@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 
 from rlhf.core.errors import UserError
 from rlhf.models.modeling import build_policy, build_reward_model, train_tokenizer
-from rlhf.stage.config import ModelConfig, RewardConfig
+from rlhf.stage.schema import ModelConfig, RewardConfig
 
 TINY_NEOX = {"num_hidden_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64}
 

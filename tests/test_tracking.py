@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from rlhf.stage.config import Config
+from rlhf.stage.schema import Config
 from rlhf.stage.tracking import MetricLogger
 
 

@@ -10,10 +10,17 @@ import torch
 
 from rlhf.analysis.reward_analysis import accuracy_by_group, error_categories, pearson
 from rlhf.core.errors import UserError
-from rlhf.loop.step import MicroBatch, accumulation_weights, equal_micro_batches, optimizer_step, train_step
-from rlhf.models.training import build_optimizer, epoch_order, forward_map, plan_steps
-from rlhf.stage.config import TrainConfig
+from rlhf.loop.step import (
+    MicroBatch,
+    accumulation_weights,
+    equal_micro_batches,
+    optimizer_step,
+    train_step,
+    unit_weighted_micro_batches,
+)
+from rlhf.models.training import budget_micro_rows, build_optimizer, epoch_order, forward_map, plan_steps
 from rlhf.stage.run import RunDir
+from rlhf.stage.schema import TrainConfig
 
 
 def test_plan_steps_derives_accumulation_and_total():
@@ -131,6 +138,7 @@ class OneCPUProcess:
     """The part of an Accelerator that train_step uses, for one process on the CPU."""
 
     device = torch.device("cpu")
+    num_processes = 1
     clip_grad_norm_ = staticmethod(torch.nn.utils.clip_grad_norm_)
 
     def no_sync(self, model):
@@ -196,6 +204,77 @@ def test_accumulation_weights_by_hand():
     assert accumulation_weights([0.0, 0.0], 0.0) == [0.5, 0.5]  # no units at all: equal weights
     micro = equal_micro_batches([{"x": torch.ones(2)}, {"x": torch.ones(3)}], "cpu")
     assert [(m.loss_weight, m.metric_weight) for m in micro] == [(0.5, 0.5), (0.5, 0.5)]
+
+
+def test_budget_micro_rows_by_hand():
+    lengths = [5, 9, 3, 9, 4, 2]  # rows 1 and 3 the longest, then 0, 4, 2, 5
+    # a budget of 18 positions: [1, 3] (2 x 9), [0, 4, 2] (3 x 5 = 15; a fourth would be 20), [5]
+    assert budget_micro_rows([0, 1, 2, 3, 4, 5], lengths, 18) == [[1, 3], [0, 4, 2], [5]]
+    assert budget_micro_rows([0, 1, 2, 3, 4, 5], lengths, 8) == [[1], [3], [0], [4, 2], [5]]  # 9 > 8: alone
+    assert budget_micro_rows([2, 5], lengths, 100) == [[2, 5]]
+    # as many as another process needs: the micro-batch with the most rows is halved until there are 4
+    assert budget_micro_rows([0, 1, 2, 3, 4, 5], lengths, 18, count=4) == [[1, 3], [0], [4, 2], [5]]
+    with pytest.raises(ValueError, match="2 rows cannot make 3 micro-batches"):
+        budget_micro_rows([2, 5], lengths, 100, count=3)
+
+
+NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}  # as every stage loads its models
+
+
+def test_a_token_budget_gives_the_gradient_of_one_pass_over_the_batch():
+    """The SFT loss averages over response tokens; micro-batches of unequal size weighted by their response tokens
+    (`unit_weighted_micro_batches`) step the weights as one pass over the whole batch does, to fp32 rounding."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlhf.core.batching import collate_sequences
+    from rlhf.models.training import sft_batch_loss
+
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14], [15, 16]]
+    responses = [[20, 21], [22, 23, 24, 25, 26], [27], [28, 29, 30], [31, 32, 33, 34]]
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]  # 5, 7, 5, 4, 6
+
+    def stepped(groups):
+        torch.manual_seed(0)
+        model = GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=40,
+                n_positions=16,
+                n_embd=16,
+                n_layer=1,
+                n_head=2,
+                bos_token_id=1,
+                eos_token_id=1,
+                **NO_DROPOUT,
+            )
+        )
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        batches = [collate_sequences([prompts[i] for i in g], [responses[i] for i in g], 0) for g in groups]
+        units = [float(b["response_mask"].sum()) for b in batches]
+        micro = unit_weighted_micro_batches(batches, units, OneCPUProcess())
+        train_step(
+            "sft", RunDir("run"), "step 1", OneCPUProcess(), model, optimizer, scheduler, micro, sft_batch_loss, 0
+        )
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    whole = stepped([[0, 1, 2, 3, 4]])
+    budget = budget_micro_rows([0, 1, 2, 3, 4], lengths, 12)
+    assert budget == [[1], [4, 0], [2, 3]]  # 7; 2 x 6 = 12; 2 x 5 = 10 positions
+    torch.testing.assert_close(stepped(budget), whole, atol=1e-6, rtol=1e-5)
+    # weighted equally instead, the same micro-batches give another step: the weighting is what makes it the same
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=40, n_positions=16, n_embd=16, n_layer=1, n_head=2, bos_token_id=1, eos_token_id=1, **NO_DROPOUT
+        )
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    batches = [collate_sequences([prompts[i] for i in g], [responses[i] for i in g], 0) for g in budget]
+    micro = equal_micro_batches(batches, "cpu")
+    train_step("sft", RunDir("run"), "step 1", OneCPUProcess(), model, optimizer, scheduler, micro, sft_batch_loss, 0)
+    equal = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert not torch.allclose(equal, whole, atol=1e-6, rtol=1e-5)
 
 
 def test_train_step_stops_on_a_non_finite_loss_in_one_line_before_stepping():

@@ -9,14 +9,27 @@ from collections.abc import Callable
 import torch
 from accelerate import Accelerator
 
-from rlhf.loop.step import LossFn, equal_micro_batches, train_step
+from rlhf.loop.step import LossFn, equal_micro_batches, train_step, unit_weighted_micro_batches
 from rlhf.models.checkpoint import check_checkpoint_config, load_training_state, save_training_state
 from rlhf.models.sharding import prepare_trained_model
-from rlhf.models.training import build_optimizer, build_scheduler, epoch_order, plan_steps
-from rlhf.stage.config import Config, TrainConfig
+from rlhf.models.training import budget_micro_rows, build_optimizer, build_scheduler, epoch_order, plan_steps
 from rlhf.stage.run import RunDir, stage_seed
+from rlhf.stage.schema import Config, TrainConfig
 from rlhf.stage.signals import checkpoint_due, defer_stops, stop_if_requested
 from rlhf.stage.tracking import MetricLogger
+
+
+def token_budget_rows(
+    accelerator: Accelerator, rows: list[int], lengths: list[int], tcfg: TrainConfig
+) -> list[list[int]]:
+    """This process's `rows` of a step in micro-batches of at most `tcfg.micro_batch_tokens` positions
+    (`budget_micro_rows`), as many on every process: under FSDP every forward pass gathers the sharded weights
+    from all of them."""
+    micro_rows = budget_micro_rows(rows, lengths, tcfg.micro_batch_tokens)
+    if accelerator.num_processes == 1:
+        return micro_rows
+    counts = accelerator.gather(torch.tensor([len(micro_rows)], device=accelerator.device))  # (W,)
+    return budget_micro_rows(rows, lengths, tcfg.micro_batch_tokens, int(counts.max()))
 
 
 def fit(
@@ -33,11 +46,14 @@ def fit(
     loss_fn: LossFn,
     evaluate: Callable[[torch.nn.Module], dict[str, float]],
     logger: MetricLogger,
+    loss_units: Callable[[dict], float],
     on_fresh_start: Callable[[], None] | None = None,
 ) -> tuple[torch.nn.Module, dict]:
-    """Train `model` on `examples` (with token `lengths`, for grouping) with `loss_fn`;
-    returns the unwrapped model and loop facts. `on_fresh_start` runs once the logger knows the
-    run starts at step 0 (not resumed), e.g. to log a step-0 row that a resumed run already has."""
+    """Train `model` on `examples` (with token `lengths`, for grouping) with `loss_fn`, whose loss of a collated
+    batch averages over `loss_units(batch)` units (response tokens, pairs): what a micro-batch formed by a token
+    budget (`<stage>.micro_batch_tokens`) weighs. Returns the unwrapped model and loop facts. `on_fresh_start` runs
+    once the logger knows the run starts at step 0 (not resumed), e.g. to log a step-0 row that a resumed run
+    already has."""
     plan = plan_steps(stage, tcfg, len(examples), accelerator.num_processes)
     model, optimizer, whole = prepare_trained_model(accelerator, model, lambda m: build_optimizer(m, tcfg))
     scheduler = build_scheduler(optimizer, tcfg, plan.total_steps)
@@ -69,7 +85,14 @@ def fit(
     while step < plan.total_steps:
         epoch, position = divmod(step, plan.steps_per_epoch)
         order = epoch_order(lengths, stage_seed(cfg, stage), epoch, tcfg.batch_size, tcfg.group_by_length)
-        batches = [collate([examples[i] for i in rows]) for rows in plan.micro_rows(order, position, rank)]
+        micro_rows = plan.micro_rows(order, position, rank)
+        if tcfg.micro_batch_tokens is None:  # micro_batch_size rows each, weighed equally
+            batches = [collate([examples[i] for i in rows]) for rows in micro_rows]
+            micro_batches = equal_micro_batches(batches, accelerator.device)
+        else:  # a token budget each, weighed by their loss units
+            micro_rows = token_budget_rows(accelerator, [i for rows in micro_rows for i in rows], lengths, tcfg)
+            batches = [collate([examples[i] for i in rows]) for rows in micro_rows]
+            micro_batches = unit_weighted_micro_batches(batches, [loss_units(b) for b in batches], accelerator)
         totals = train_step(
             stage,
             run,
@@ -78,7 +101,7 @@ def fit(
             model,
             optimizer,
             scheduler,
-            equal_micro_batches(batches, accelerator.device),
+            micro_batches,
             loss_fn,
             tcfg.max_grad_norm,
         )

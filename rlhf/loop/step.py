@@ -69,6 +69,22 @@ def equal_micro_batches(batches: list[dict[str, torch.Tensor]], device: torch.de
     ]
 
 
+def unit_weighted_micro_batches(
+    batches: list[dict[str, torch.Tensor]], units: list[float], accelerator: Accelerator
+) -> list[MicroBatch]:
+    """Collated micro-batches holding `units` loss units each (response tokens, pairs: what each one's loss
+    averages over), weighted by their share of the step's units on all processes (`accumulation_weights`), so the
+    step's gradient is that of the mean over all its units however the rows were grouped; moved to the device."""
+    per_process = float(sum(units))
+    if accelerator.num_processes > 1:
+        per_process = accelerator.reduce(torch.tensor(per_process, device=accelerator.device), reduction="mean").item()
+    weights = accumulation_weights(units, per_process)
+    return [
+        MicroBatch({key: value.to(accelerator.device) for key, value in batch.items()}, weight, weight)
+        for batch, weight in zip(batches, weights)
+    ]
+
+
 def train_step(
     stage: str,
     run: RunDir,

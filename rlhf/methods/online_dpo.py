@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rlhf.core.errors import UserError
-from rlhf.stage.config import OnlineDPOConfig
+from rlhf.stage.schema import OnlineDPOConfig
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from torch import Tensor
 from rlhf.loop.step import MicroBatch, accumulation_weights
 from rlhf.rollout.batch import Rollout
 from rlhf.rollout.layout import ROWS, RowLayout
-from rlhf.stage.config import PPOConfig
+from rlhf.stage.schema import PPOConfig
 
 
 def align_values(position_values: Tensor) -> Tensor:

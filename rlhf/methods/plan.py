@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 from rlhf.core.errors import UserError
 from rlhf.models.training import micro_batch_size
-from rlhf.stage.config import GRPOConfig, RLConfig, check_whole_groups, require_positive
+from rlhf.stage.config import check_whole_groups, require_positive
+from rlhf.stage.schema import GRPOConfig, RLConfig
 
 
 @dataclass(frozen=True)

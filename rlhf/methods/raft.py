@@ -30,7 +30,7 @@ from torch import Tensor
 
 from rlhf.core.errors import UserError
 from rlhf.models.training import StepPlan, plan_steps
-from rlhf.stage.config import RAFTConfig
+from rlhf.stage.schema import RAFTConfig
 
 # ----------------------------------------------------------------------------- selection
 

@@ -26,17 +26,8 @@ from rlhf.core.errors import UserError, raise_all
 from rlhf.judges import OpenAIJudge
 from rlhf.models.sources import check_model_source
 from rlhf.rollout.reward_spec import load_reward_spec
-from rlhf.stage.config import (
-    Config,
-    DPOConfig,
-    GRPOConfig,
-    OnlineDPOConfig,
-    PPOConfig,
-    RAFTConfig,
-    RLConfig,
-    check_whole_groups,
-    require_positive,
-)
+from rlhf.stage.config import check_whole_groups, require_positive
+from rlhf.stage.schema import Config, DPOLossConfig, GRPOConfig, OnlineDPOConfig, PPOConfig, RAFTConfig, RLConfig
 
 # The choices of keys whose implementations live in modules that load torch; tests/test_rules.py checks that they
 # name the same ones.
@@ -190,14 +181,19 @@ def check_raft_config(rcfg: RAFTConfig) -> None:
         raise UserError(
             f"raft.temperature={rcfg.temperature} must be > 0: greedy decoding samples the same response N times"
         )
+    if rcfg.micro_batch_tokens is not None:
+        raise UserError(
+            f"raft.micro_batch_tokens={rcfg.micro_batch_tokens}: RAFT's fine-tuning takes raft.micro_batch_size rows "
+            "per micro-batch; remove raft.micro_batch_tokens (a token budget is for sft, reward and dpo)"
+        )
     check_rl_config("raft", rcfg)
 
 
 # ----------------------------------------------------------------------------- the DPO family
 
 
-def check_dpo_loss(section: str, node: DPOConfig | OnlineDPOConfig) -> None:
-    """The loss settings `dpo` and `online_dpo` share (the same keys in both sections)."""
+def check_dpo_loss(section: str, node: DPOLossConfig) -> None:
+    """The loss settings `dpo` and `online_dpo` share (DPOLossConfig: the same keys in both sections)."""
     loss_type, label_smoothing, length_heuristic = node.loss_type, node.label_smoothing, node.length_heuristic
     if loss_type not in DPO_LOSS_TYPES:
         raise UserError(f"{section}.loss_type='{loss_type}' is not one of: {', '.join(DPO_LOSS_TYPES)}")

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from rlhf.core.ops import kl_k1, last_true_index, upcast
-from rlhf.stage.config import PPOConfig
+from rlhf.stage.schema import PPOConfig
 
 
 def apply_missing_eos_penalty(scores: Tensor, finished: Tensor, penalty: float) -> Tensor:

@@ -24,7 +24,7 @@ from torch import nn
 from rlhf.core.errors import UserError
 from rlhf.models.modeling import ValueModel, load_policy, load_reward_model, value_model_from_reward
 from rlhf.models.roles import frozen
-from rlhf.stage.config import LoRAConfig
+from rlhf.stage.schema import LoRAConfig
 
 # Every attention and MLP projection: adapters on all linear layers match full fine-tuning far better than on
 # the attention projections alone (Dettmers et al. 2023, QLoRA, arXiv 2305.14314, section 4).

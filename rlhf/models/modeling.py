@@ -25,7 +25,8 @@ from torch import nn
 from rlhf.core.errors import UserError
 from rlhf.core.ops import gather_logprobs
 from rlhf.models.sources import check_model_source, locate_gguf
-from rlhf.stage.config import DataConfig, ModelConfig, RewardConfig, TokenizerConfig, is_gguf
+from rlhf.stage.config import is_gguf
+from rlhf.stage.schema import DataConfig, ModelConfig, RewardConfig, TokenizerConfig
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf.core.errors import UserError
-from rlhf.stage.config import ModelConfig, TokenizerConfig, is_gguf
+from rlhf.stage.config import is_gguf
+from rlhf.stage.schema import ModelConfig, TokenizerConfig
 
 PACKAGE_SCHEME = "pkg://"
 SOURCE_FILE = "gguf_source.json"  # in the dequantized folder: which file it came from, and that file's digest

@@ -25,8 +25,8 @@ from tqdm import tqdm
 from rlhf.core.errors import UserError
 from rlhf.core.losses import sft_loss
 from rlhf.models.modeling import token_logprobs
-from rlhf.stage.config import Config, TrainConfig
 from rlhf.stage.run import stage_seed
+from rlhf.stage.schema import Config, TrainConfig
 
 
 def sft_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
@@ -143,6 +143,29 @@ class StepPlan:
         start = position * self.batch_size + rank * self.per_process
         local = order[start : start + self.per_process]
         return [local[k * self.micro_batch_size : (k + 1) * self.micro_batch_size] for k in range(self.accumulation)]
+
+
+def budget_micro_rows(
+    rows: list[int], lengths: list[int], max_tokens: int, count: int | None = None
+) -> list[list[int]]:
+    """`rows` (one process's share of a batch; `lengths`: tokens per example) in micro-batches of at most
+    `max_tokens` positions each (rows x the longest row's length, the padding included): sorted longest first
+    (stably), each micro-batch filled while the next row fits; a row longer than the budget goes alone. With
+    `count` (at least as many as the budget makes), the micro-batch with the most rows is halved until there are
+    `count`: processes whose forward passes gather sharded weights (FSDP) must each take as many."""
+    micro: list[list[int]] = []
+    for row in sorted(rows, key=lambda i: -lengths[i]):
+        if micro and (len(micro[-1]) + 1) * lengths[micro[-1][0]] <= max_tokens:
+            micro[-1].append(row)
+        else:
+            micro.append([row])
+    while count is not None and len(micro) < count:
+        widest = max(range(len(micro)), key=lambda k: len(micro[k]))
+        if len(micro[widest]) < 2:
+            raise ValueError(f"{len(rows)} rows cannot make {count} micro-batches")
+        half = len(micro[widest]) // 2
+        micro[widest : widest + 1] = [micro[widest][:half], micro[widest][half:]]
+    return micro
 
 
 def micro_batch_size(stage: str, configured: int, per_process: int, share: str) -> int:

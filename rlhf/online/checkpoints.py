@@ -9,8 +9,8 @@ import torch
 
 from rlhf.data import write_jsonl
 from rlhf.models.checkpoint import check_checkpoint_config, load_training_state, save_training_state
-from rlhf.stage.config import Config
 from rlhf.stage.run import RunDir
+from rlhf.stage.schema import Config
 from rlhf.stage.signals import defer_stops, stop_if_requested
 from rlhf.stage.tracking import MetricLogger
 

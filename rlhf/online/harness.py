@@ -44,8 +44,8 @@ from rlhf.rollout.engines import build_engine, check_engine
 from rlhf.rollout.forward import score_rollout
 from rlhf.rollout.layout import ROWS, RowLayout
 from rlhf.rollout.rewards import load_reward_source
-from rlhf.stage.config import Config
 from rlhf.stage.run import RunDir, stage_seed
+from rlhf.stage.schema import Config
 from rlhf.stage.signals import checkpoint_due
 
 

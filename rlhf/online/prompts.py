@@ -10,8 +10,8 @@ from rlhf import task
 from rlhf.core.batching import encode_texts
 from rlhf.core.errors import UserError
 from rlhf.data import read_jsonl, unique_prompts
-from rlhf.stage.config import Config
 from rlhf.stage.run import RunDir
+from rlhf.stage.schema import Config
 
 
 def check_gold_prompts(stage: str, prompts: list[str], source: str) -> None:

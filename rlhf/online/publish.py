@@ -8,8 +8,8 @@ from rlhf.analysis.plots import plot_training_curves
 from rlhf.data import write_jsonl
 from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.online.held_out import final_line
-from rlhf.stage.config import Config
 from rlhf.stage.run import RunDir, write_json_atomic
+from rlhf.stage.schema import Config
 from rlhf.stage.tracking import MetricLogger
 
 

@@ -1,6 +1,7 @@
 """The stage contract: what every stage script reads, writes and promises.
 
-config        the config dataclasses (one per section), presets and overrides
+schema        the config dataclasses: one per section, every field commented, and the bases sections share
+config        loading a config: presets, overrides, type coercion, the checks every stage shares
 run           the run folder: stage directories, inputs, completion markers, summary.json
 cli           start_stage / run_stage: argument parsing, the one-line errors, skip-if-complete
 tracking      the metric logger (metrics.jsonl, TensorBoard, progress bars)

@@ -23,14 +23,15 @@ from tqdm import tqdm
 
 from rlhf.core.errors import UserError
 from rlhf.core.stages import STAGES
-from rlhf.stage.config import Config, dump_yaml, load_config, preset_path
+from rlhf.stage.config import dump_yaml, load_config, preset_path
 from rlhf.stage.run import STAGE_SCRIPTS, RunDir, config_inputs, write_text_atomic
+from rlhf.stage.schema import Config
 from rlhf.stage.signals import Interrupted, graceful_stops
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ERROR_FILE_ENV = "RLHF_ERROR_FILE"  # a launched stage writes its one-line error here (rlhf.pipeline.launch)
 KEYS_HELP = (
-    "Every config key, with a comment, is in rlhf/stage/config.py (the presets in configs/); docs/configuration.md "
+    "Every config key, with a comment, is in rlhf/stage/schema.py (the presets in configs/); docs/configuration.md "
     "lists them and explains the main ones."
 )
 

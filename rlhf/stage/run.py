@@ -33,9 +33,11 @@ import yaml
 from rlhf.core.errors import UserError
 from rlhf.core.stages import METHOD_STAGES, PAIR_READERS, STAGES
 from rlhf.data import read_jsonl
-from rlhf.stage.config import LORA_STAGES, Config, all_keys, is_gguf, load_config, to_dict
+from rlhf.stage.config import all_keys, is_gguf, load_config, to_dict
+from rlhf.stage.schema import LORA_STAGES, Config
 
 LATER_SECTIONS = ("rollout",)  # config sections added after runs were made: fingerprinted only when set
+LATER_KEYS = ("micro_batch_tokens",)  # keys added to a section after runs were made: fingerprinted only when set
 STAGE_SCRIPTS = {name: spec.script for name, spec in STAGES.items()}
 COMPLETE_FILE = "complete.json"
 
@@ -147,6 +149,10 @@ class RunDir:
     def fingerprint(self, stage: str, cfg: Config) -> str:
         tree = {**to_dict(cfg), "model": fingerprinted_model_section(cfg)}
         defaults = to_dict(Config())
+        for section, values in tree.items():
+            for key in LATER_KEYS:
+                if key in values and values[key] == defaults[section][key]:
+                    del values[key]
         payload = {
             "seed": stage_seed(cfg, stage),
             "mixed_precision": cfg.run.mixed_precision,

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from rlhf.stage.config import Config, dump_yaml
+from rlhf.stage.config import dump_yaml
 from rlhf.stage.run import write_text_atomic
+from rlhf.stage.schema import Config
 
 
 def tensorboard_tag(key: str) -> str:
