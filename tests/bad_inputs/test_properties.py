@@ -165,7 +165,7 @@ def test_bradley_terry_loss_is_finite_and_a_nan_reward_is_never_hidden(rewards, 
     chosen, rejected = rewards
     loss, stats = L.bradley_terry_loss(chosen, rejected, margin, label_smoothing)
     assert finite(loss, stats) and loss >= 0 and 0 <= stats["accuracy"] <= 1
-    # A NaN reward makes the loss NaN: the training loop then stops with a one-line error (rlhf.models.training.fit)
+    # A NaN reward makes the loss NaN: the training step then stops with a one-line error (rlhf.loop.step.train_step)
     # instead of silently training on a number that means nothing.
     chosen[0] = torch.nan
     assert torch.isnan(L.bradley_terry_loss(chosen, rejected, margin, label_smoothing)[0])
