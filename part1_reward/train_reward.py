@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None, stage: str = "reward") -> None:
             distill = logprob_distillation_loss(token_values, batch["response_values"], batch["response_values_mask"])
             loss = loss + cfg.reward.logprob_distill_coef * distill
             stats["logprob_mse"] = distill.detach()
-        return loss, stats
+        return loss, {f"train/{name}": value for name, value in stats.items()}  # the train/ group of its metrics
 
     def evaluate(pairwise):
         scores = score_pairs(pairwise, pairs["val"])

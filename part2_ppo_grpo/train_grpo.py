@@ -154,8 +154,8 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Resume from the last checkpoint written for this same config, if any.
+    #    Before training: the SFT policy's held-out check.
     stage.resume(plan.iterations)
-    stage.start_loop()
     metrics: dict[str, float] = {}
     zero_std_shares: list[float] = []  # per iteration of this run, for flat_reward_warning
 
@@ -213,7 +213,6 @@ def main(argv: list[str] | None = None) -> None:
                     micro,
                     loss_fn,
                     gcfg.max_grad_norm,
-                    key_prefix="train/",
                 )
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(value)

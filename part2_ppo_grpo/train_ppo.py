@@ -163,10 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Resume from the last checkpoint written for this same config, if any.
+    #    Before training: the SFT policy's held-out check.
     state = stage.resume(plan.iterations)
     if state is not None:
         kl_controller.value = state["kl_coef"]
-    stage.start_loop()
     metrics: dict[str, float] = {}
 
     # 4. Iterations: sample, score, shape rewards, estimate advantages, optimise.
@@ -227,7 +227,6 @@ def main(argv: list[str] | None = None) -> None:
                     micro,
                     loss_fn,
                     pcfg.max_grad_norm,
-                    key_prefix="train/",
                 )
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(value)

@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Resume from the last checkpoint written for this same config, if any (taken between rounds).
+    #    Before training: the SFT policy's held-out check.
     stage.resume(rcfg.rounds)
-    stage.start_loop()
     metrics: dict[str, float] = {}
 
     # 4. Rounds: sample N per prompt, keep the best, fine-tune on them.
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             "selected/length_mean": kept_rollout.response_lengths.float().mean(),
             "selected/eos_rate": kept_rollout.finished.float().mean(),
             **stage.sample_metrics(rollout, scores, t1 - t0, scored.prompts, scored.responses),
-            **{f"train/{key}": torch.stack(values).mean() for key, values in train_stats.items()},
+            **{key: torch.stack(values).mean() for key, values in train_stats.items()},
             **{f"reward/{name}": term.mean() for name, term in scored.terms.items()},
         }
         if stage.gold:  # the gold judge on the kept samples too: is the ranking choosing better answers?

@@ -25,8 +25,10 @@ With `false` the reference model stays in memory and scores each batch on the fl
 Held out: the implicit-reward preference accuracy on val and test (next to the reward model's on
 the same pairs), and, on the embedded task, the gold judge on samples of `dpo.eval_prompts` val
 prompts from the SFT and the DPO policy drawn with the same seed and settings: mean score,
-good-rate and the head-to-head win rate (wins + ties/2) / n. `dpo.eval_every` > 0 adds these along
-training (`dpo/gold/*`), the curve to read when DPO moves the implicit reward but not the samples.
+good-rate and the head-to-head win rate (wins + ties/2) / n, under the keys of every policy stage's held-out
+comparison (`rlhf.online.held_out.gold_against_sft`: `dpo.gold_win_rate_vs_sft`, `dpo/eval/gold_score_mean`).
+`dpo.eval_every` > 0 adds these along training (`dpo/eval/gold_*`), the curve to read when DPO moves the implicit
+reward but not the samples.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ from rlhf.core.batching import (
 )
 from rlhf.core.losses import DPO_AVERAGES_LOGPS
 from rlhf.core.stages import STAGES
-from rlhf.core.winrates import head_to_head
 from rlhf.data import read_jsonl, write_jsonl
 from rlhf.loop.fit import fit
 from rlhf.methods.dpo import (
@@ -74,6 +75,7 @@ from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.memory import peak_memory_mb
 from rlhf.models.modeling import load_tokenizer
 from rlhf.models.training import forward_map, make_accelerator
+from rlhf.online.held_out import eval_metrics, gold_against_sft
 from rlhf.rollout.batch import eval_sampling
 from rlhf.rollout.generate import sample_responses, sampling_seeds
 from rlhf.stage.run import stage_seed
@@ -167,18 +169,11 @@ def main(argv: list[str] | None = None) -> None:
     sft_scores = [task.gold_score(p, text) for p, (text, _) in zip(eval_prompts, sft_samples)] if gold_judge else []
     timing["sft_samples"] = time.perf_counter() - t0
 
-    def judge_against_sft(policy_samples) -> tuple[dict[str, float], list[float]]:
-        """Gold metrics of the policy's samples, head to head with the SFT samples of the same prompts."""
+    def judge_against_sft(policy_samples) -> tuple[dict, list[float]]:
+        """The gold judge on the policy's samples against the SFT samples of the same prompts, under the keys of
+        every policy stage's held-out comparison (`gold_against_sft`) -> (that comparison, the policy's scores)."""
         scores = [task.gold_score(p, text) for p, (text, _) in zip(eval_prompts, policy_samples)]
-        match = head_to_head(scores, sft_scores)
-        return {
-            "dpo/gold/score_mean": sum(scores) / len(scores),
-            "dpo/gold/good_rate": sum(map(task.is_good_score, scores)) / len(scores),
-            "dpo/gold/win_rate_vs_sft": match["win_rate"],
-            "dpo/gold/wins_vs_sft": match["wins"],
-            "dpo/gold/losses_vs_sft": match["losses"],
-            "dpo/gold/ties_vs_sft": match["ties"],
-        }, scores
+        return gold_against_sft(scores, sft_scores), scores
 
     if dcfg.precompute_ref:
         del ref_model  # training never sees the reference model
@@ -224,14 +219,14 @@ def main(argv: list[str] | None = None) -> None:
     def evaluate(model):  # every dpo.eval_every steps: the implicit-reward and gold curves
         metrics = evaluate_split(model, "val") if "val" in pairs else {}
         if gold_judge:
-            metrics.update(judge_against_sft(sample_held_out(model))[0])
+            metrics.update(eval_metrics("dpo", judge_against_sft(sample_held_out(model))[0]))
         return metrics
 
     logger = MetricLogger("dpo", run.stage("dpo"), run.tensorboard_dir("dpo"), cfg, enabled=accelerator.is_main_process)
 
     def log_step_zero() -> None:  # the policy IS the SFT model, so its samples are the SFT samples (all ties)
         if gold_judge:
-            logger.log(0, judge_against_sft(sft_samples)[0])
+            logger.log(0, eval_metrics("dpo", judge_against_sft(sft_samples)[0]))
 
     t0 = time.perf_counter()
     policy, loop = fit(
@@ -297,27 +292,16 @@ def main(argv: list[str] | None = None) -> None:
         {"prompt": p, "dpo_response": d, "dpo_finished": df, "sft_response": s, "sft_finished": sf}
         for p, (d, df), (s, sf) in zip(eval_prompts, dpo_samples, sft_samples)
     ]
+    results["eval_prompts"] = len(eval_prompts)
     if eval_prompts:
         results["eos_rate"] = sum(df for _, df in dpo_samples) / len(dpo_samples)
         results["sft_eos_rate"] = sum(sf for _, sf in sft_samples) / len(sft_samples)
     if gold_judge:
         gold, dpo_scores = judge_against_sft(dpo_samples)
-        logger.log(loop["steps"], gold)
+        logger.log(loop["steps"], eval_metrics("dpo", gold))
         for sample, dpo_score, sft_score in zip(samples, dpo_scores, sft_scores):
             sample.update(dpo_gold_score=dpo_score, sft_gold_score=sft_score)
-        results.update(
-            {
-                "gold_score_mean": gold["dpo/gold/score_mean"],
-                "sft_gold_score_mean": sum(sft_scores) / len(sft_scores),
-                "gold_good_rate": gold["dpo/gold/good_rate"],
-                "sft_gold_good_rate": sum(map(task.is_good_score, sft_scores)) / len(sft_scores),
-                "win_rate_vs_sft": gold["dpo/gold/win_rate_vs_sft"],
-                "wins_vs_sft": gold["dpo/gold/wins_vs_sft"],
-                "losses_vs_sft": gold["dpo/gold/losses_vs_sft"],
-                "ties_vs_sft": gold["dpo/gold/ties_vs_sft"],
-                "n_eval_prompts": len(eval_prompts),
-            }
-        )
+        results.update(gold)
     timing["eval"] = time.perf_counter() - t0
     results["time_s"] = {k: round(v, 2) for k, v in timing.items()}
 
@@ -341,11 +325,11 @@ def main(argv: list[str] | None = None) -> None:
             f" (reward model: val {results['reward_model_val_accuracy']:.3f} "
             f"test {results['reward_model_test_accuracy']:.3f})"
         )
-    if "win_rate_vs_sft" in results:
+    if "gold_win_rate_vs_sft" in results:
         line += (
             f"; gold score {results['sft_gold_score_mean']:.3f} (SFT) -> {results['gold_score_mean']:.3f}, "
-            f"win rate vs SFT {results['win_rate_vs_sft']:.3f} "
-            f"({results['wins_vs_sft']}W/{results['losses_vs_sft']}L/{results['ties_vs_sft']}T)"
+            f"win rate vs SFT {results['gold_win_rate_vs_sft']:.3f} "
+            f"({results['gold_wins']}W/{results['gold_losses']}L/{results['gold_ties']}T)"
         )
     accelerator.print(line)
 

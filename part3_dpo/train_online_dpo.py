@@ -111,8 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     # 3. Resume from the last checkpoint written for this same config, if any (taken between iterations).
+    #    Before training: the SFT policy's held-out check.
     stage.resume(plan.iterations)
-    stage.start_loop()
     metrics: dict[str, float] = {}
 
     # 4. Iterations: sample K per prompt, judge them into pairs, take DPO steps on the pairs.
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         local = {
             "pairs/kept_rate": has_pair.float().mean(),
             **{key: pair_totals[i] / max(n_pairs, 1) for i, key in enumerate(pair_sums)},
-            **{f"train/{key}": torch.stack(values).mean() for key, values in train_stats.items()},
+            **{key: torch.stack(values).mean() for key, values in train_stats.items()},
             **{f"reward/{name}": term.mean() for name, term in reward_terms.items()},
         }
         if scores is not None:

@@ -1,7 +1,9 @@
 """Pins of the config schema (rlhf/stage/schema.py): every section's fields in order, with their types and defaults;
 the tiny preset's fingerprint of every stage; the keys whose counts `validate` checks. Taken from the code before
 issue 52 split the schema from its loader and gave sections shared bases, which moved the fields ppo, grpo, raft and
-online_dpo share (OnlineConfig's) into one block and changed no key, type, default or fingerprint. A failure here is
+online_dpo share (OnlineConfig's) into one block and changed no key, type, default or fingerprint; then eval_every and
+save_every, which count iterations in every online stage (RAFT's rounds), joined that block, moving up in ppo, grpo
+and online_dpo's config.yaml (as meant: one declaration, one unit). A failure here is
 a change users see: a new key or default changes what a preset runs, a new fingerprint re-runs every completed stage
 of every run folder and refuses its checkpoints, a new order rewrites each stage folder's config.yaml. Change a pin
 only for a change meant so."""
@@ -174,6 +176,8 @@ SECTIONS = {
         "max_new_tokens: int = 64",
         "temperature: float = 0.7",
         "eval_prompts: int = 200",
+        "eval_every: int = 0",
+        "save_every: int = 10",
         "samples_every: int = 10",
         "num_samples: int = 4",
         "cpu_threads: int = 0",
@@ -193,8 +197,6 @@ SECTIONS = {
         "clip_high: float | None = None",
         "top_p: float = 1.0",
         "top_k: int = 0",
-        "save_every: int = 10",
-        "eval_every: int = 0",
         "kl_coef: float = 0.05",
         "kl_target: float | None = None",
         "kl_horizon: int = 10000",
@@ -214,6 +216,8 @@ SECTIONS = {
         "max_new_tokens: int = 64",
         "temperature: float = 0.7",
         "eval_prompts: int = 200",
+        "eval_every: int = 0",
+        "save_every: int = 10",
         "samples_every: int = 10",
         "num_samples: int = 4",
         "cpu_threads: int = 0",
@@ -233,8 +237,6 @@ SECTIONS = {
         "clip_high: float | None = None",
         "top_p: float = 1.0",
         "top_k: int = 0",
-        "save_every: int = 10",
-        "eval_every: int = 0",
         "group_size: int = 4",
         "scale_rewards: bool = True",
         "baseline: str = 'group_mean'",
@@ -278,6 +280,8 @@ SECTIONS = {
         "max_new_tokens: int = 64",
         "temperature: float = 0.7",
         "eval_prompts: int = 200",
+        "eval_every: int = 0",
+        "save_every: int = 10",
         "samples_every: int = 10",
         "num_samples: int = 4",
         "cpu_threads: int = 0",
@@ -297,8 +301,6 @@ SECTIONS = {
         "clip_high: float | None = None",
         "top_p: float = 1.0",
         "top_k: int = 0",
-        "save_every: int = 10",
-        "eval_every: int = 0",
         "loss_type: str = 'sigmoid'",
         "beta: float = 0.1",
         "label_smoothing: float = 0.0",

@@ -193,8 +193,8 @@ def test_loss_fn_dispatches_through_the_table_with_the_right_averaging(loss_type
         0.0,
     )
     assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
-    assert set(stats) == set(expected_stats)
-    assert stats["rewards/accuracies"].item() == expected_stats["rewards/accuracies"].item()
+    assert set(stats) == {f"train/{key}" for key in expected_stats}  # the train/ group of the stage's metrics
+    assert stats["train/rewards/accuracies"].item() == expected_stats["rewards/accuracies"].item()
     loss.backward()  # the policy gets gradients; the reference never does
     assert any(p.grad is not None for p in policy.parameters())
     assert all(p.grad is None for p in ref.parameters())
@@ -227,11 +227,11 @@ def test_rpo_adds_alpha_times_the_chosen_per_token_nll_of_the_collated_tokens(lo
     reference = dpo.OnTheFlyReference(ref, average, None, CPU)
     plain, plain_stats = dpo.make_loss_fn(loss_type, 0.3, 0.0, reference)(policy, batch)
     rpo, rpo_stats = dpo.make_loss_fn(loss_type, 0.3, 0.0, reference, rpo_alpha=0.7)(policy, batch)
-    assert "nll/chosen" not in plain_stats
+    assert "train/nll/chosen" not in plain_stats
     # −log p(chosen) per token, from unpadded single-row forwards over the 6 collated response tokens
     per_token = [by_hand_response_logp(policy, p.prompt_ids[-8:], p.chosen_ids[:6], True) for p in pairs]
     expected_nll = -sum(per_token) / len(per_token)
-    assert rpo_stats["nll/chosen"].item() == pytest.approx(expected_nll, abs=1e-5)
+    assert rpo_stats["train/nll/chosen"].item() == pytest.approx(expected_nll, abs=1e-5)
     assert rpo.item() == pytest.approx(plain.item() + 0.7 * expected_nll, abs=1e-5)
 
 

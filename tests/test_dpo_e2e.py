@@ -70,7 +70,10 @@ def test_outputs_are_complete_and_described(dpo_run):
 
     AutoModelForCausalLM.from_pretrained(str(stage / "model"))  # plain transformers loads the final policy
     samples = [json.loads(line) for line in (stage / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == results["n_eval_prompts"]
+    assert len(samples) == results["eval_prompts"]
+    # the held-out comparison under the keys of every policy stage's (rlhf.online.held_out.gold_against_sft)
+    assert {"gold_win_rate_vs_sft", "gold_wins", "gold_losses", "gold_ties", "gold_sign_test_p"} <= results.keys()
+    assert results["gold_wins"] + results["gold_losses"] + results["gold_ties"] == results["eval_prompts"]
     assert {"prompt", "sft_response", "dpo_response", "sft_gold_score", "dpo_gold_score"} <= samples[0].keys()
     rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
     logged = set().union(*rows)
@@ -88,6 +91,7 @@ def test_outputs_are_complete_and_described(dpo_run):
     ):
         assert f"dpo/train/{name}" in logged, name
     assert {"dpo/val/rewards/accuracies", "dpo/test/rewards/accuracies", "dpo/test/gold_accuracy"} <= logged
+    assert {"dpo/eval/gold_score_mean", "dpo/eval/gold_win_rate_vs_sft"} <= logged  # at step 0 and at the end
 
 
 def test_a_complete_stage_skips(dpo_run):

@@ -404,7 +404,7 @@ def fixture_summary() -> dict:
             "val_accuracy": 0.7,
             "test_accuracy": 0.69,
             "gold_score_mean": 0.43,
-            "win_rate_vs_sft": 0.55,
+            "gold_win_rate_vs_sft": 0.55,
             "peak_memory_mb": 1200.0,
             "peak_memory_kind": "cpu_rss",
         },

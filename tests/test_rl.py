@@ -37,12 +37,14 @@ from rlhf.models.modeling import (
 )
 from rlhf.models.roles import check_frozen, frozen_digests, weights_digest
 from rlhf.online.checkpoints import load_rl_checkpoint, save_rl_checkpoint
+from rlhf.online.harness import OnlineStage
 from rlhf.online.held_out import (
     HeldOut,
     compare_with_sft,
     eval_due,
     eval_metrics,
     final_line,
+    gold_against_sft,
     summarize_samples,
 )
 from rlhf.online.prompts import check_gold_prompts, iteration_prompts, load_rl_prompts, local_prompt_rows
@@ -457,6 +459,39 @@ def test_compare_with_sft_uses_the_gold_judge_head_to_head():
     close(results["reward_delta"], 0.5)
     close(results["sft_eos_rate"], 0.5)
     assert "gold_score_mean" not in compare_with_sft(prompts, policy, sft, gold=False)
+
+
+def test_gold_against_sft_by_hand():
+    """The held-out comparison every policy stage publishes (DPO's too), by hand: scores 1, 0.5, 0 and -1 against
+    0, 0.5, 1 and -1 are a win, a tie, a loss and a tie."""
+    results = gold_against_sft([1.0, 0.5, 0.0, -1.0], [0.0, 0.5, 1.0, -1.0])
+    assert (results["gold_wins"], results["gold_losses"], results["gold_ties"]) == (1, 1, 2)
+    close(results["gold_win_rate_vs_sft"], (1 + 2 / 2) / 4)
+    close(results["gold_score_mean"], 0.125)
+    close(results["sft_gold_score_mean"], 0.125)
+    close(results["gold_delta"], 0.0)
+    good = [task.is_good_score(score) for score in (1.0, 0.5, 0.0, -1.0)]
+    close(results["gold_good_rate"], sum(good) / 4)
+    low, high = results["gold_win_rate_ci95"]
+    assert low < 0.5 < high and results["gold_sign_test_p"] == 1.0  # one win, one loss: no evidence either way
+
+
+def test_online_stage_calls_out_of_order_stop_at_once():
+    """OnlineStage's set-up runs in one order (`__init__`, `prepare`, `resume`, then the loop): a call before its
+    turn, or a second `prepare`, is a one-line error naming the call it needs."""
+    stage = OnlineStage.__new__(OnlineStage)  # the phases alone: no run folder, no model
+    stage.stage, stage.phase = "grpo", "created"
+    with pytest.raises(RuntimeError, match=r"grpo: OnlineStage.resume\(\) runs after prepare\(\), once"):
+        stage._enter("resume()", "prepared", "running")
+    with pytest.raises(RuntimeError, match=r"OnlineStage.sample\(\) runs after resume\(\) \(the stage is created\)"):
+        stage._enter("sample()", "running")
+    stage._enter("prepare()", "created", "prepared")
+    with pytest.raises(RuntimeError, match="the stage is prepared"):
+        stage._enter("prepare()", "created", "prepared")
+    stage._enter("resume()", "prepared", "running")
+    stage._enter("sample()", "running")  # every iteration
+    stage._enter("sample()", "running")
+    assert stage.phase == "running"
 
 
 @pytest.mark.parametrize("separate", [True, False])

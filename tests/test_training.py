@@ -157,7 +157,7 @@ def test_train_step_averages_the_micro_batches_then_steps_once():
 
     def loss_fn(model, batch):  # mean (w x)^2: loss w^2 mean(x^2), gradient 2 w mean(x^2)
         loss = model(batch["x"]).square().mean()
-        return loss, {"x_mean": batch["x"].mean()}
+        return loss, {"train/x_mean": batch["x"].mean()}
 
     micro_batches = equal_micro_batches(
         [{"x": torch.tensor([[1.0], [1.0]])}, {"x": torch.tensor([[2.0], [2.0]])}], "cpu"
@@ -167,7 +167,8 @@ def test_train_step_averages_the_micro_batches_then_steps_once():
     )
     # losses 1 and 4, gradients 2 and 8: their means 2.5 and 5; one SGD step w = 1 - 0.1 * 5 = 0.5
     assert model.weight.item() == pytest.approx(0.5) and model.weight.grad is None
-    assert {key: value.item() for key, value in totals.items()} == pytest.approx({"loss": 2.5, "x_mean": 1.5})
+    values = {key: value.item() for key, value in totals.items()}
+    assert values == pytest.approx({"train/loss": 2.5, "train/x_mean": 1.5})
 
 
 def test_train_step_weighs_the_loss_and_the_metrics_each_by_its_own_weight():
@@ -187,7 +188,7 @@ def test_train_step_weighs_the_loss_and_the_metrics_each_by_its_own_weight():
     ]
     totals = train_step(
         "grpo", RunDir("run"), "iteration 1", OneCPUProcess(), model, optimizer, scheduler, micro_batches, loss_fn,
-        10.0, key_prefix="train/",
+        10.0,
     )  # fmt: skip
     # loss 0.25 x 1 + 0.75 x 4 = 3.25; gradient 0.25 x 2 + 0.75 x 8 = 6.5, w = 1 - 0.65; x's mean 0.5 x 1 + 0.5 x 2
     assert model.weight.item() == pytest.approx(0.35)

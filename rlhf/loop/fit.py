@@ -68,10 +68,10 @@ def fit(
     state = load_training_state(run.checkpoint_dir(stage), accelerator.unwrap_model(model), optimizer, scheduler)
     if state is not None:
         step = state["step"]
-        # (checkpoints of earlier versions hold no window: their next logged row covers fewer steps)
-        saved_window = state.get("log_window", {})
+        # (checkpoints of earlier versions hold none, or one by other names: their next logged row covers fewer steps)
+        saved_window = state.get("metric_window", {})
         window.update({k: torch.tensor(v, device=accelerator.device) for k, v in saved_window.items()})
-        window_steps = state.get("log_window_steps", 0)
+        window_steps = state.get("metric_window_steps", 0) if saved_window else 0
         accelerator.print(f"[{stage}] resumed from step {step}/{plan.total_steps}")
     resumed_from = step
     logger.resume(step)
@@ -114,8 +114,7 @@ def fit(
         # 3. Metrics (means over the steps since the last log), evaluation and checkpoints on their own clocks.
         if step % cfg.run.log_every == 0 or step == plan.total_steps:
             reduced = {
-                f"{stage}/train/{k}": accelerator.reduce(v / window_steps, reduction="mean").item()
-                for k, v in window.items()
+                f"{stage}/{k}": accelerator.reduce(v / window_steps, reduction="mean").item() for k, v in window.items()
             }
             window.clear()
             window_steps = 0
@@ -125,7 +124,7 @@ def fit(
         if tcfg.eval_every and step % tcfg.eval_every == 0 and step < plan.total_steps:
             logger.log(step, evaluate(whole.of(model)))
         if checkpoint_due(accelerator, tcfg.save_every, step, plan.total_steps):
-            log_window = {k: accelerator.reduce(v, reduction="mean").item() for k, v in window.items()}
+            metric_window = {k: accelerator.reduce(v, reduction="mean").item() for k, v in window.items()}
             save_training_state(  # every process gathers; the main one writes
                 run.checkpoint_dir(stage),
                 accelerator.unwrap_model(model),
@@ -135,8 +134,8 @@ def fit(
                     "step": step,
                     "fingerprint": fingerprint,
                     "epoch": epoch,
-                    "log_window": log_window,
-                    "log_window_steps": window_steps,
+                    "metric_window": metric_window,
+                    "metric_window_steps": window_steps,
                 },
             )
             accelerator.wait_for_everyone()

@@ -17,7 +17,9 @@ from rlhf.models.sharding import full_gradient_norm
 from rlhf.stage.fault_points import fault_point
 from rlhf.stage.run import RunDir
 
-# (model, micro-batch) -> (loss, its statistics by name): what `train_step` backpropagates and averages
+# (model, micro-batch) -> (loss, its statistics): what `train_step` backpropagates and averages. A statistic is
+# named as its metric key below the stage, group first (`train/nll`, `policy/clipfrac`, `val/loss`): the one key
+# scheme of every metric is `<stage>/<group>/<name>`, and the stage prefix is added once, where the row is logged.
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict]]
 
 
@@ -96,14 +98,13 @@ def train_step(
     micro_batches: list[MicroBatch],
     loss_fn: LossFn,
     max_grad_norm: float,
-    key_prefix: str = "",
 ) -> dict[str, torch.Tensor]:
     """One optimizer step of every stage on this process's share of a global batch: micro-batch k's `loss_fn`
     loss is backpropagated times its `loss_weight`, gradients are synchronised across processes on the last one
     only, then `optimizer_step`.
 
-    -> the step's weighted loss (`<key_prefix>loss`), the loss statistics weighted by each micro-batch's
-    `metric_weight` (detached, by the names `loss_fn` gives them) and `<key_prefix>grad_norm` when clipping. The
+    -> the step's weighted loss (`train/loss`), the loss statistics weighted by each micro-batch's
+    `metric_weight` (detached, by the names `loss_fn` gives them) and `train/grad_norm` when clipping. The
     losses stay on the device until every micro-batch has run: one finiteness check per step, before the
     optimizer steps, so a non-finite loss stops the stage in one line naming `where` (e.g. "step 4") and the last
     good checkpoint, with the weights untouched.
@@ -117,7 +118,7 @@ def train_step(
             loss, stats = loss_fn(model, micro.batch)
             accelerator.backward(loss * micro.loss_weight)
         losses.append(loss.detach())
-        totals[f"{key_prefix}loss"] += loss.detach() * micro.loss_weight
+        totals["train/loss"] += loss.detach() * micro.loss_weight
         for key, value in stats.items():
             totals[key] += value.detach().float() * micro.metric_weight
     if losses and not bool(torch.isfinite(finite_check := torch.stack(losses)).all()):
@@ -127,5 +128,5 @@ def train_step(
         )
     grad_norm = optimizer_step(accelerator, model, optimizer, scheduler, max_grad_norm)
     if grad_norm is not None:
-        totals[f"{key_prefix}grad_norm"] = grad_norm
+        totals["train/grad_norm"] = grad_norm
     return totals

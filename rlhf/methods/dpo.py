@@ -157,8 +157,9 @@ def make_loss_fn(
     length_heuristic: float = 0.0,
     rpo_alpha: float = 0.0,
 ):
-    """fit()'s loss: policy log-probs (one concatenated forward) vs reference log-probs, through `DPOObjective`;
-    the stats are the objective's plus `extra_stats`."""
+    """The training step's loss (`rlhf.loop.step.LossFn`): policy log-probs (one concatenated forward) vs
+    reference log-probs, through `DPOObjective`; the stats are the objective's plus `extra_stats`, in the `train/`
+    group (`train/rewards/margins`)."""
     objective = DPOObjective(loss_type, beta, label_smoothing, length_heuristic, rpo_alpha)
 
     def loss_fn(model, batch):
@@ -168,7 +169,7 @@ def make_loss_fn(
         loss, stats = objective(
             policy_chosen, policy_rejected, ref_chosen, ref_rejected, chosen_longer(batch), chosen_tokens
         )
-        return loss, {**stats, **extra_stats(batch)}
+        return loss, {f"train/{name}": value for name, value in {**stats, **extra_stats(batch)}.items()}
 
     return loss_fn
 

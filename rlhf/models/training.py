@@ -31,9 +31,11 @@ from rlhf.stage.schema import Config, TrainConfig
 
 def sft_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
     """The SFT loss (a `rlhf.loop.step.LossFn`) of a `rlhf.core.batching.collate_sequences` batch: mean NLL of its
-    response tokens (and the EOS that ends them) given the prompt; prompt and pad tokens carry no loss."""
+    response tokens (and the EOS that ends them) given the prompt; prompt and pad tokens carry no loss. Its
+    statistic: `train/nll`."""
     logprobs = token_logprobs(model, batch["input_ids"], batch["attention_mask"])  # (B, T)
-    return sft_loss(logprobs, batch["response_mask"])
+    loss, stats = sft_loss(logprobs, batch["response_mask"])
+    return loss, {f"train/{name}": value for name, value in stats.items()}
 
 
 def idle_cores(window_s: float = 0.3) -> float | None:

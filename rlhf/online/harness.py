@@ -5,8 +5,8 @@ What the four share lives here, so that a stage script holds its algorithm alone
     stage = OnlineStage("grpo", cfg, run, eval_batch_size=...)   1. reward source, prompts, context checks
     ... load the stage's roles ...                                2. (the stage's own)
     model, optimizer, scheduler = stage.prepare(...)              2. accelerate, schedule, rollout engine
-    stage.resume(iterations)                                      3. checkpoint of this config, metric logger
-    stage.start_loop()                                            4. held-out check of the SFT policy
+    stage.resume(iterations)                                      3. checkpoint of this config, metric logger,
+                                                                     the SFT policy's held-out check
     while stage.iteration < iterations:
         rows, rollout = stage.sample(...)                          4a. the stage's samples
         scored = stage.score(rollout, rows, ...)                   4b. the training score
@@ -15,7 +15,8 @@ What the four share lives here, so that a stage script holds its algorithm alone
         stage.end_iteration(stage.metrics(...), ...)               4e. log, held-out check, samples, checkpoint
     stage.finish(...)                                             5-6. final check against SFT, publish
 
-Metric keys: rlhf/online/__init__.py.
+Metric keys: rlhf/online/__init__.py. The three calls before the loop go in this order, each once: a call out of
+order stops at once, naming the call it needs (`OnlineStage._enter`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from rlhf.rollout.forward import score_rollout
 from rlhf.rollout.layout import ROWS, RowLayout
 from rlhf.rollout.rewards import load_reward_source
 from rlhf.stage.run import RunDir, stage_seed
-from rlhf.stage.schema import Config
+from rlhf.stage.schema import Config, RAFTConfig, RLConfig
 from rlhf.stage.signals import checkpoint_due
 
 
@@ -62,11 +63,51 @@ class Scored:
 class OnlineStage:
     """Set-up, held-out checks, checkpoints, metrics and publishing of one online stage (module docstring).
 
-    `eval_batch_size` rows per no-grad pass of the rollout engine and the held-out checks."""
+    `eval_batch_size` rows per no-grad pass of the rollout engine and the held-out checks. What it holds, by the
+    call that sets it (`phase` says which calls have run: "created", "prepared", then "running"):"""
+
+    phase: str  # "created" by __init__, "prepared" by prepare(), "running" from resume() on
+    # __init__: the stage, its settings and the checks that need no model
+    stage: str
+    cfg: Config
+    run: RunDir
+    rcfg: RLConfig | RAFTConfig  # the stage's own section (ppo, grpo, online_dpo; raft)
+    seed: int
+    gold: bool
+    t_start: float
+    eval_batch_size: int
+    reward_source: object  # rlhf.rollout.rewards.RewardSource
+    accelerator: object
+    device: torch.device
+    tokenizer: object
+    prompts: object  # rlhf.online.prompts.RLPrompts
+    validation: SamplingConfig  # the held-out checks' decoding
+    # prepare(): the trained model and its optimizer, the frozen roles, the engine and the held-out check
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    whole: object  # gathers the whole model from its shards (rlhf.models.sharding)
+    policy_of: Callable[[torch.nn.Module], torch.nn.Module]
+    reward_model: torch.nn.Module
+    sft_policy: torch.nn.Module | None
+    frozen_roles: dict[str, torch.nn.Module | None]
+    frozen_before: dict
+    engine: object
+    held_out: HeldOut
+    # resume(): where the loop stands, its logger and its clock
+    iterations: int
+    iteration: int
+    resumed_from: int
+    logger: object  # rlhf.stage.tracking.MetricLogger
+    eval_s: float  # seconds of held-out checks inside the loop, left out of its per-sample cost
+    loop_start: float
 
     def __init__(self, stage: str, cfg: Config, run: RunDir, eval_batch_size: int):
+        self.phase = "created"
         self.stage, self.cfg, self.run = stage, cfg, run
         self.rcfg = getattr(cfg, stage)
+        if not isinstance(self.rcfg, (RLConfig, RAFTConfig)):
+            raise TypeError(f"OnlineStage runs the online stages; {stage}'s section is a {type(self.rcfg).__name__}")
         self.seed = stage_seed(cfg, stage)  # run.method_seed when set (part4_eval/seeds.py)
         self.gold = cfg.data.path == "embedded"  # the embedded task has a gold judge: logging and evaluation only
         self.t_start = time.perf_counter()
@@ -89,6 +130,15 @@ class OnlineStage:
         set_cpu_threads(stage, self.rcfg.cpu_threads, self.device)
         check_engine(cfg.rollout, stage)
 
+    def _enter(self, call: str, needs: str, becomes: str | None = None) -> None:
+        """Stop a call made out of order: `call` runs in the phase `needs` only, and moves the stage to `becomes`."""
+        if self.phase != needs:
+            after = {"created": "OnlineStage(...)", "prepared": "prepare()", "running": "resume()"}[needs]
+            once = ", once" if becomes else ""
+            raise RuntimeError(f"{self.stage}: OnlineStage.{call} runs after {after}{once} (the stage is {self.phase})")
+        if becomes is not None:
+            self.phase = becomes
+
     # ------------------------------------------------------------------------------------------ 2-3. set-up
 
     def prepare(
@@ -105,6 +155,7 @@ class OnlineStage:
         `frozen_roles` are checked unchanged at the end; `sft_policy`, the KL anchor of the held-out checks, is
         loaded at the end when None; `policy_of(model)` is the policy inside the trained module. -> (model,
         optimizer, scheduler)."""
+        self._enter("prepare()", "created", "prepared")
         self.frozen_roles, self.frozen_before = frozen_roles, frozen_digests(frozen_roles)
         self.reward_model, self.sft_policy, self.policy_of = reward_model, sft_policy, policy_of
         model, optimizer, self.whole = prepare_trained_model(self.accelerator, model, make_optimizer)
@@ -136,24 +187,23 @@ class OnlineStage:
         return self.policy_of(self.whole.of(self.model))
 
     def resume(self, iterations: int) -> dict | None:
-        """Resume from the last checkpoint written for this same config, if any; open the metric logger.
+        """Resume from the last checkpoint written for this same config, if any; open the metric logger; start the
+        loop's clock, and before training the SFT policy's held-out check (the reward-vs-KL origin).
         -> the checkpoint's state (None when starting afresh)."""
+        self._enter("resume()", "prepared", "running")
         self.iterations = iterations
         state = load_rl_checkpoint(
             self.stage, self.run, self.cfg, self.accelerator, self.model, self.optimizer, self.scheduler, iterations
         )
         self.iteration = self.resumed_from = 0 if state is None else state["iteration"]
         self.logger = open_rl_logger(self.stage, self.run, self.cfg, self.accelerator, self.iteration, iterations)
-        return state
-
-    # ------------------------------------------------------------------------------------------ 4. the loop
-
-    def start_loop(self) -> None:
-        """Start the loop's clock; before training, the SFT policy's held-out check (the reward-vs-KL origin)."""
-        self.eval_s = 0.0  # seconds of held-out checks inside the loop, left out of its per-sample cost
+        self.eval_s = 0.0
         self.loop_start = time.perf_counter()
         if self.iteration == 0 and eval_due(0, self.rcfg.eval_every, self.iterations):
             self.log_held_out()
+        return state
+
+    # ------------------------------------------------------------------------------------------ 4. the loop
 
     def log_held_out(self) -> None:
         """The current policy on the held-out prompts (RM score, gold score, KL to SFT), logged as `<stage>/eval/*`."""
@@ -166,6 +216,7 @@ class OnlineStage:
     def sample(self, per_iteration: int, sampling: SamplingConfig, group_size: int = 1) -> tuple[list[int], Rollout]:
         """This process's share of the iteration's samples from the current policy (`sample_train_batch`): each of
         `per_iteration` prompts `group_size` times, a prompt's rows consecutive. -> (prompt index per row, rollout)."""
+        self._enter("sample()", "running")
         return sample_train_batch(
             self.engine,
             self.policy(),

@@ -87,14 +87,35 @@ def summarize_samples(prompts: list[str], samples: dict, gold: bool, fields: lis
     return summary
 
 
+def gold_against_sft(policy_scores: list[float], sft_scores: list[float]) -> dict:
+    """The gold judge's verdict on a policy's held-out answers against SFT's to the same prompts (the same seeds),
+    under the keys every policy stage publishes: both means and good rates, the head-to-head (`head_to_head`:
+    gold_win_rate_vs_sft = (wins + ties/2) / n, gold_win_rate_ci95 its 95% paired score interval,
+    gold_sign_test_p the exact sign test of wins vs losses) and gold_delta, the change in mean score."""
+    match = head_to_head(policy_scores, sft_scores)
+    results = {
+        "gold_score_mean": sum(policy_scores) / len(policy_scores),
+        "sft_gold_score_mean": sum(sft_scores) / len(sft_scores),
+        "gold_good_rate": sum(float(task.is_good_score(s)) for s in policy_scores) / len(policy_scores),
+        "sft_gold_good_rate": sum(float(task.is_good_score(s)) for s in sft_scores) / len(sft_scores),
+        "gold_win_rate_vs_sft": match["win_rate"],
+        "gold_wins": match["wins"],
+        "gold_losses": match["losses"],
+        "gold_ties": match["ties"],
+        "gold_win_rate_ci95": [match["ci95_low"], match["ci95_high"]],
+        "gold_sign_test_p": match["sign_test_p"],
+    }
+    results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
+    return results
+
+
 def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool, fields: list[dict] | None = None) -> dict:
     """Summary of the final policy against the SFT policy on the same held-out prompts.
 
-    policy, sft: per-prompt lists {"responses", "rewards", "lengths", "finished", "kl"}, sampled
-    with the same settings and seed. With gold=True (embedded task) the gold judge scores both and
-    decides the head-to-head (`head_to_head`: gold_win_rate_ci95 is its 95% paired score interval,
-    gold_sign_test_p the exact sign test of wins vs losses); the reward model's head-to-head is
-    reported too. With verifiable instruction prompts (`fields`), the checkers' scores of both too.
+    policy, sft: per-prompt lists {"responses", "rewards", "lengths", "finished", "kl"}, sampled with the same
+    settings and seed. With gold=True (embedded task) the gold judge scores both and decides the head-to-head
+    (`gold_against_sft`); the reward model's head-to-head is reported too. With verifiable instruction prompts
+    (`fields`), the checkers' scores of both too.
     """
     ours, theirs = summarize_samples(prompts, policy, gold, fields), summarize_samples(prompts, sft, gold, fields)
     results = {
@@ -111,22 +132,7 @@ def compare_with_sft(prompts: list[str], policy: dict, sft: dict, gold: bool, fi
     reward_h2h = head_to_head(policy["rewards"], sft["rewards"])
     results["reward_win_rate_vs_sft"] = reward_h2h["win_rate"]
     if gold:
-        gold_h2h = head_to_head(policy["gold"], sft["gold"])
-        results.update(
-            {
-                "gold_score_mean": ours["gold_score_mean"],
-                "sft_gold_score_mean": theirs["gold_score_mean"],
-                "gold_good_rate": ours["gold_good_rate"],
-                "sft_gold_good_rate": theirs["gold_good_rate"],
-                "gold_win_rate_vs_sft": gold_h2h["win_rate"],
-                "gold_wins": gold_h2h["wins"],
-                "gold_losses": gold_h2h["losses"],
-                "gold_ties": gold_h2h["ties"],
-                "gold_win_rate_ci95": [gold_h2h["ci95_low"], gold_h2h["ci95_high"]],
-                "gold_sign_test_p": gold_h2h["sign_test_p"],
-            }
-        )
-        results["gold_delta"] = results["gold_score_mean"] - results["sft_gold_score_mean"]
+        results.update(gold_against_sft(policy["gold"], sft["gold"]))
     if "instruction_reward_mean" in ours:
         for key in ("instruction_reward_mean", "instruction_prompt_pass_rate"):
             results[key], results[f"sft_{key}"] = ours[key], theirs[key]

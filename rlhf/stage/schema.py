@@ -274,6 +274,11 @@ class OnlineConfig:
     # recompute log-probs (Huang et al. 2024)
     temperature: float = 0.7
     eval_prompts: int = 200  # held-out (val) prompts sampled from the final and the SFT policy at the test decoding
+    # iterations between held-out evaluations of the policy (RM score, gold score, KL to SFT as <stage>/eval/*), plus
+    # one before training; 0: only the final one. (The offline stages' eval_every and save_every count optimizer
+    # steps: TrainConfig.)
+    eval_every: int = 0
+    save_every: int = 10  # iterations between resumable checkpoints, taken between iterations; 0: never
     # iterations between appends of the iteration's samples (RAFT: the kept ones) to samples.jsonl; 0: never
     samples_every: int = 10
     num_samples: int = 4  # samples (prompt, response, score; online DPO: a pair) appended each time
@@ -306,10 +311,6 @@ class RLConfig(OnlineConfig):
     # nucleus sampling; < 1 samples from a truncated distribution that recomputed log-probs do not model
     top_p: float = 1.0
     top_k: int = 0  # top-k sampling (0: off); same caveat as top_p
-    save_every: int = 10  # iterations between resumable checkpoints; 0: never
-    # iterations between held-out evaluations of the policy (RM score, gold score, KL to SFT as <stage>/eval/*), plus
-    # one before training; 0: only the final one
-    eval_every: int = 0
 
 
 @dataclass
@@ -381,10 +382,7 @@ class RAFTConfig(OnlineConfig, TrainConfig):
     eval_batch_size: int = 32
     # over all rounds' optimizer steps; constant (as LMFlow's RAFT scripts), since every round brings new samples
     scheduler: str = "constant"
-    # rounds between held-out evaluations of the policy (RM score, gold score, KL to SFT as raft/eval/*), plus one
-    # before training; 0: only the final one
-    eval_every: int = 0
-    save_every: int = 1  # rounds between resumable checkpoints; 0: never
+    save_every: int = 1  # a checkpoint after every round (OnlineConfig's: iterations, here rounds)
     samples_every: int = 1  # every round's kept samples
 
 
