@@ -14,6 +14,10 @@ source scripts/env.sh
 # xdist would otherwise start the files with the most tests first), and one torch thread per worker: two
 # workers' threads then never spin against each other on a small machine (docs/performance.md).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# Compiled test and library modules are kept between runs (in __pycache__, ignored by git) even where the
+# environment sets PYTHONDONTWRITEBYTECODE: a worker's collection, which compiles them and rewrites every test
+# module's asserts, then takes 8.5-9 s instead of 13-14.5 s (docs/performance.md).
+unset PYTHONDONTWRITEBYTECODE
 # Every run ends with its wall time and its ten slowest items, so that a change that doubles the suite is seen the
 # day it lands (docs/performance.md, "The test suite").
 pytest_args=(-n "${RLHF_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder --durations=10)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -269,5 +267,4 @@ def test_every_rlhf_import_in_the_docs_scripts_imports():
     `sample_responses` from a module it had left, another `picks_better`, removed in a rename."""
     lines = sorted({m.group(1) for doc in [*DOCS, REPO / "ANALYSIS.md"] for m in IMPORT_LINE.finditer(doc.read_text())})
     assert len(lines) >= 5, lines
-    result = subprocess.run([sys.executable, "-c", "\n".join(lines)], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-2000:]
+    exec(compile("\n".join(lines), "<the docs' imports>", "exec"), {})  # an ImportError fails the test, naming it

@@ -11,6 +11,7 @@ import re
 
 import pytest
 import torch
+from bad_inputs.helpers import run_in_process
 from conftest import REPO
 
 from rlhf.benchmarks import ifeval, locate
@@ -257,9 +258,6 @@ def test_the_preset_asks_for_what_the_reward_needs():
 
 
 def test_two_benchmark_runs_compare_on_the_same_prompts(tmp_path):
-    import subprocess
-    import sys
-
     def write(folder, strict_by_prompt, decoding, engine=None):
         folder.mkdir()
         rows = [
@@ -274,23 +272,16 @@ def test_two_benchmark_runs_compare_on_the_same_prompts(tmp_path):
     decoding = {"temperature": 0.0, "max_new_tokens": 128, "chat_template": True}
     write(tmp_path / "base", [[False], [False, True], [True], [False]], decoding)
     write(tmp_path / "grpo", [[True], [True, True], [True], [False]], decoding, engine="hf")
-    script = str(REPO / "part4_eval" / "compare_benchmarks.py")
-    out = subprocess.run(
-        [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "grpo"), "--json", str(tmp_path / "c.json")],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    script = "part4_eval/compare_benchmarks.py"
+    out = run_in_process(script, str(tmp_path / "base"), str(tmp_path / "grpo"), "--json", str(tmp_path / "c.json"))
     assert out.returncode == 0, out.stderr
     assert "| prompt_strict | 0.250 [0.046, 0.699] | 0.750 [0.301, 0.954] | +0.500 [" in out.stdout
     assert json.loads((tmp_path / "c.json").read_text())[0]["change"]["prompt_strict"]["only_after"] == 2
     write(tmp_path / "long", [[True]] * 4, {**decoding, "max_new_tokens": 512})
-    other = subprocess.run(
-        [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "long")], capture_output=True, text=True
-    )
+    other = run_in_process(script, str(tmp_path / "base"), str(tmp_path / "long"))
     assert other.returncode == 2 and "decoded differently" in other.stderr
     write(tmp_path / "vllm", [[True]] * 4, decoding, engine="vllm")
-    other = subprocess.run(
-        [sys.executable, script, str(tmp_path / "base"), str(tmp_path / "vllm")], capture_output=True, text=True
-    )
+    other = run_in_process(script, str(tmp_path / "base"), str(tmp_path / "vllm"))
     assert other.returncode == 2 and "decoded differently" in other.stderr and "'engine': 'vllm'" in other.stderr
 
 

@@ -228,6 +228,7 @@ def test_a_preset_stage_list_is_what_a_plain_run_runs_and_what_from_starts_withi
         pipeline.main(["--preset", "tiny", "--output-dir", out, "run.stages=data,rafts"])
 
 
+@pytest.mark.slow  # reads SmolLM2's GGUF file for its context size (seconds): out of the unit run
 def test_a_preset_that_samples_with_vllm_where_it_is_not_installed_stops_before_any_stage(tmp_path, fake, monkeypatch):
     """smollm2-ifeval samples with vLLM: in an environment without it, the run stops at start-up, not at RAFT."""
     monkeypatch.setattr("rlhf.rollout.engines.vllm_installed", lambda: False)

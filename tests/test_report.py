@@ -8,12 +8,12 @@ import math
 import re
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
 import pytest
+from bad_inputs.helpers import run_in_process
 from conftest import REPO
 from safetensors.numpy import save_file
 
@@ -554,21 +554,8 @@ def write_fixture_run(
 
 
 def make_report(root: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "part4_eval" / "make_report.py"),
-            "--preset",
-            "tiny",
-            "--output-dir",
-            str(root),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    """`python part4_eval/make_report.py --preset tiny --output-dir root extra...`, in this process."""
+    return run_in_process("part4_eval/make_report.py", "--preset", "tiny", "--output-dir", str(root), *extra)
 
 
 @pytest.fixture(scope="module")

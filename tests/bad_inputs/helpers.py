@@ -3,10 +3,14 @@ line does (`rlhf.stage.cli.run_stage(main)`), and check the one line the user ge
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import io
 import json
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -58,6 +62,27 @@ def fail_in_process(capsys, script: str, out_dir: Path, *args: str, preset: str 
     message = err[start + len("error: ") :].rstrip("\n")
     assert "\n" not in message, err
     return message
+
+
+def run_in_process(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Run `script` in this process as `python script args` does (`run_stage(main)`: one-line errors, exit 2), its
+    output captured -> what `subprocess.run` would give: the exit code, stdout and stderr, every warning it raised
+    on stderr (each time, as a fresh interpreter shows it). Seconds sooner than a new interpreter's imports, for
+    the tests of what a script prints and writes; tests/test_commands.py starts each script as its own process."""
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    with (
+        mock.patch.object(sys, "argv", [script, *args]),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        try:
+            run_stage(stage_module(script).main)
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+    shown = "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught)
+    return subprocess.CompletedProcess([script, *args], code, stdout.getvalue(), shown + stderr.getvalue())
 
 
 def assert_problem_and_fix(message: str, problem: str | list[str], fix: str | list[str]) -> None:

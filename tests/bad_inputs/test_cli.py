@@ -32,6 +32,7 @@ def fails_in_one_line(script: str, out_dir, *overrides: str, started_loading: bo
     return lines[-1].removeprefix("error: ")
 
 
+@pytest.mark.slow  # a stage process (seconds, the first one also its worker's forkserver): out of the unit run
 @pytest.mark.parametrize(
     "script, stage, override, problem, fix",
     [

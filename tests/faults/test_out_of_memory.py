@@ -12,6 +12,7 @@ from rlhf.stage.cli import out_of_memory_advice
 from .conftest import SFT_ARGS, sft_folder
 
 
+@pytest.mark.slow  # its data stage is a stage process, and SFT runs to its first optimizer step: out of the unit run
 def test_out_of_memory_in_a_training_step_names_the_micro_batch_key(data_run, tmp_path, capsys, monkeypatch):
     run = sft_folder(data_run, tmp_path / "run")
     monkeypatch.setenv(fault_points.FAULT_ENV, "oom@optimizer_step")
