@@ -42,20 +42,13 @@ from fake_openai import KEY, FakeOpenAI
 from safetensors.torch import load_file
 
 from rlhf.judges import API_KEY_ENV, BASE_URL_ENV
+from rlhf.stage.run import STAGE_SCRIPTS
 
 pytestmark = pytest.mark.slow
 
 REL = 1e-4
 KL_ABS = 1e-5  # a response's KL, compared absolutely (same_rows)
 LAUNCHERS = ("single", "ddp")
-SCRIPTS = {
-    "ppo": "part2_ppo_grpo/train_ppo.py",
-    "grpo": "part2_ppo_grpo/train_grpo.py",
-    "raft": "part2_ppo_grpo/train_raft.py",
-    "dpo": "part3_dpo/train_dpo.py",
-    "online_dpo": "part3_dpo/train_online_dpo.py",
-    "eval": "part4_eval/evaluate.py",
-}
 # Global batch 8, micro-batch 4: one process accumulates 2 micro-batches per minibatch, each of 2 processes 1.
 OVERRIDES = {
     "ppo": [
@@ -101,10 +94,12 @@ OVERRIDES = {
         "raft.save_every=0",
         "raft.cpu_threads=1",
     ],
-    "dpo": [
+    "dpo": [  # micro-batches by a token budget (rows of 28-130 tokens): one process cuts its 8 rows otherwise than
+        # each of 2 cuts its 4, weighed by their pairs, and FSDP's processes take as many each: the same gradient
         "dpo.max_steps=4",
         "dpo.batch_size=8",
         "dpo.micro_batch_size=4",
+        "dpo.micro_batch_tokens=160",
         "dpo.eval_batch_size=16",
         "dpo.eval_prompts=8",
         "dpo.save_every=0",
@@ -160,7 +155,7 @@ def run_stage(
             *("--num_processes", "2", "--main_process_port", str(master_port)),
         ],
     }
-    script = [str(REPO / SCRIPTS[stage]), "--preset", "tiny", "--output-dir", str(out)]
+    script = [str(REPO / STAGE_SCRIPTS[stage]), "--preset", "tiny", "--output-dir", str(out)]
     result = subprocess.run(
         [sys.executable, *launch[launcher], *script, *TINY_TEST_OVERRIDES, *OVERRIDES[stage], *extra],
         capture_output=True,

@@ -40,12 +40,6 @@ def loss_units(response_mask: Tensor, normalization: str) -> Tensor:
     raise ValueError(f"normalization must be 'token' or 'sequence', got {normalization!r}")
 
 
-def mean_process_units(accelerator, response_mask: Tensor, normalization: str) -> float:
-    """The `loss_units` of a minibatch whose rows `response_mask` (n, T) holds on this process, summed over
-    processes and divided by their number (`rlhf.models.training.accumulation_weights`' `units_per_process`)."""
-    return accelerator.reduce(loss_units(response_mask, normalization).sum(), reduction="mean").item()
-
-
 def micro_batch_rows(
     minibatch: Tensor, lengths: Tensor, response_lengths: Tensor, micro_batch_size: int, layout: RowLayout = ROWS
 ) -> list[Tensor]:
@@ -70,15 +64,18 @@ def rollout_micro_batches(
     `loss_units` over all processes (`accumulation_weights`), so the weighted losses are the loss of the whole
     minibatch at once under `normalization`; its metrics weigh its share of the minibatch's response tokens on all
     processes (times their number, as the loss weights), so that a token-mean metric of the micro-batches is the
-    minibatch's token mean whatever the loss normalisation and whichever rows share a micro-batch."""
-    mask = rollout.response_mask  # (B, T)
-    units = mean_process_units(accelerator, mask[minibatch], normalization)
-    token_units = units if normalization == "token" else mean_process_units(accelerator, mask[minibatch], "token")
+    minibatch's token mean whatever the loss normalisation and whichever rows share a micro-batch. The counts
+    reach the host once per minibatch: one reduction over processes, one read of every micro-batch's counts."""
+    row_units = torch.stack(
+        [loss_units(rollout.response_mask, normalization), loss_units(rollout.response_mask, "token")]
+    )
+    units, token_units = accelerator.reduce(row_units[:, minibatch].sum(-1), reduction="mean").tolist()  # per process
     chunks = micro_batch_rows(minibatch, rollout.lengths, rollout.response_lengths, micro_batch_size, layout)
-    weights = accumulation_weights([float(loss_units(mask[rows], normalization).sum()) for rows in chunks], units)
+    chunk_units, chunk_tokens = torch.stack([row_units[:, rows].sum(-1) for rows in chunks], dim=1).tolist()  # (2, K)
+    weights = accumulation_weights(chunk_units, units)
     return [
-        MicroBatch(rollout.select(rows), weight, float(mask[rows].sum()) / token_units if token_units else 0.0)
-        for rows, weight in zip(chunks, weights)
+        MicroBatch(rollout.select(rows), weight, tokens / token_units if token_units else 0.0)
+        for rows, weight, tokens in zip(chunks, weights, chunk_tokens)
     ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from rlhf.analysis.plots import plot_training_curves
+from rlhf.core.stages import STAGES
 from rlhf.data import write_jsonl
 from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.online.held_out import final_line
@@ -36,7 +37,7 @@ def publish_rl(
     if accelerator.is_main_process:
         save_pretrained_atomic(policy, tokenizer, run.model_dir(stage))
         write_jsonl(run.stage(stage) / "eval_samples.jsonl", eval_samples)
-        plot_training_curves(logger.history, curves, run.stage(stage) / "curves.png", stage.upper())
+        plot_training_curves(logger.history, curves, run.stage(stage) / "curves.png", STAGES[stage].label)
         write_json_atomic(run.stage(stage) / "results.json", results)
         run.update_summary({stage: results, "timing_s": {stage: logger.elapsed(t_start)}})
         run.mark_complete(stage, cfg, complete_info)

@@ -23,10 +23,6 @@ from rlhf.report.format import (
 HEADLINE_PAIR = "online_dpo_vs_dpo"  # the comparison the spread was built for, said in words when present
 
 
-def label(name: str) -> str:
-    return "online DPO" if name == "online_dpo" else model_label(name)
-
-
 def with_ci(block) -> str:
     """`mean [low, high]` of a seed block, or n/a."""
     if not isinstance(block, dict) or not is_number(block.get("mean")):
@@ -96,7 +92,7 @@ def vs_sft_table(data: RunData, seeds: dict) -> str:
         block = win_rates.get(name) if name != "sft" else None
         rows.append(
             [
-                label(name),
+                model_label(name),
                 "(reference)" if name == "sft" else with_ci(block),
                 NA if name == "sft" else fmt_p(block.get("p_holm") if isinstance(block, dict) else None),
                 NA if name == "sft" else fmt_p(block.get("p_holm_all") if isinstance(block, dict) else None),
@@ -133,13 +129,13 @@ def head_to_head_table(seeds: dict) -> str | None:
         block = pairs[key]
         rows.append(
             [
-                f"{label(a)} vs {label(b)}",
+                f"{model_label(a)} vs {model_label(b)}",
                 with_ci(block),
                 fmt_p(block.get("p_value") if isinstance(block, dict) else None),
                 fmt(block.get("sd") if isinstance(block, dict) else None),
                 per_seed(block),
                 fmt(block.get("tie_rate") if isinstance(block, dict) else None),
-                verdict(block, label(a), label(b), family_size),
+                verdict(block, model_label(a), model_label(b), family_size),
             ]
         )
     return markdown_table(["A vs B", "win rate of A [95% CI]", "p", "sd", "per seed", "ties", "Holm says"], rows)
