@@ -1,7 +1,9 @@
 """The prepared check for a GPU window (about 15 minutes of device time): every stage of the gpt2-hh preset runs
-a few steps on synthetic HH-format rows (bench/hh_rows.py) with a random-init GPT-2 and a tokenizer trained on
-those rows, all offline, in the preset's bf16; then the benchmark harness (bench/run.py) times each training
-stage's steps. Prints the figures and writes them to bench/results/<device>-<date>-gpu-check.json (and .md):
+a few steps on synthetic HH-format rows (bench/hh_rows.py), or with `--rows hh` on real HH-RLHF pairs (the
+harmless-base file in ../shared/data/hh-rlhf/, as many as the shape's rows), with a random-init GPT-2 and a
+tokenizer trained on those rows, all offline, in the preset's bf16; then the benchmark harness (bench/run.py) times
+each training stage's steps. Prints the figures and writes them to bench/results/<device>-<date>-gpu-check.json
+(and .md):
 
 - whether each pipeline stage ran, and its wall seconds;
 - each timed stage's seconds per step, tokens/s and peak memory;
@@ -12,6 +14,7 @@ stage's steps. Prints the figures and writes them to bench/results/<device>-<dat
 
     bash bench/gpu_check.sh                 # GPT-2 124M shape (on a CPU this takes hours: use --shape tiny)
     bash bench/gpu_check.sh --shape tiny    # the tiny shape, one step each, as CI runs it
+    bash bench/gpu_check.sh --rows hh       # on real HH-RLHF pairs: their lengths, not the synthetic rows'
 
 A stage that fails is recorded with its error and the check goes on, so that one window finds every fault.
 """
@@ -74,6 +77,20 @@ def gpt2_vocab_extra(shape: dict) -> int:
 
 # HH-RLHF's train split has 160,800 pairs (external: the dataset card); the preset keeps 1 - data.val_fraction.
 HH_TRAIN_PAIRS = 160_800
+# Real HH-RLHF pairs available offline (../shared/data/README.md): the harmless-base test split, 2,312 pairs
+HH_FILE = REPO.parent / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
+
+
+def training_rows(rows: str, shape: dict, work: Path, hh_file: Path = HH_FILE) -> tuple[Path, list[str]]:
+    """The rows every stage reads -> (`data.path`, the data overrides that go with it): `synthetic` writes the
+    shape's train and test rows (bench/hh_rows.py); `hh` reads real pairs from `hh_file`, which the data stage splits
+    by prompt, capped at the shape's row counts."""
+    n_train, n_eval = shape["rows"]
+    if rows == "synthetic":
+        return write_hh_folder(work / "hh", n_train, n_eval, **shape["lengths"]), []
+    if not hh_file.is_file():
+        raise SystemExit(f"--rows hh reads {hh_file}, which is not there; give --hh-file, or use --rows synthetic")
+    return hh_file, [f"data.max_train_pairs={n_train}", f"data.max_eval_pairs={n_eval}"]
 
 
 def model_overrides(shape: str, on_gpu: bool) -> list[str]:
@@ -262,6 +279,8 @@ def timed_entry(raw: dict, stage: str, shape: dict, flops_peak: float | None) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="gpt2")
+    parser.add_argument("--rows", choices=("synthetic", "hh"), default="synthetic", help="synthetic or real HH rows")
+    parser.add_argument("--hh-file", type=Path, default=HH_FILE, help="the real HH-RLHF pairs --rows hh reads")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--work", type=Path, help="folder for the run (default: a temporary one)")
     parser.add_argument("--pipeline", default=",".join(PIPELINE_STAGES), help="pipeline stages to run first")
@@ -277,15 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = torch.cuda.is_available()
     spec = SHAPES[args.shape]
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    data = write_hh_folder(work / "hh", *spec["rows"], **spec["lengths"])
+    work.mkdir(parents=True, exist_ok=True)
+    data, data_caps = training_rows(args.rows, spec, work, args.hh_file)
     run = work / "run"
-    model = model_overrides(args.shape, on_gpu)
+    settings = [*model_overrides(args.shape, on_gpu), *data_caps]  # every stage's: the model and the data caps
     device = device_name()
     results = {
         "device": device,
         "date": time.strftime("%Y-%m-%d"),
         "command": "bash bench/gpu_check.sh " + " ".join(argv if argv is not None else sys.argv[1:]),
         "shape": args.shape,
+        "rows": args.rows if args.rows == "synthetic" else str(data),
         "torch": torch.__version__,
         "engines": {"hf": "measured", "vllm": "installed" if vllm_importable() else "not installed"},
         "timed": {},
@@ -293,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[gpu-check] {device}, torch {torch.__version__}, shape {args.shape}; work folder {work}", flush=True)
 
     stages = args.pipeline.split(",")
-    results["pipeline"] = run_pipeline(run, data, stages, model + pipeline_overrides(), work / "pipeline.log")
+    results["pipeline"] = run_pipeline(run, data, stages, settings + pipeline_overrides(), work / "pipeline.log")
     ran = [s for s, e in results["pipeline"]["stages"].items() if e["completed"]]
     print(f"[gpu-check] pipeline rc {results['pipeline']['returncode']}: ran {', '.join(ran)}", flush=True)
     write(results, args.out)
@@ -305,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         timed, warmup = spec["rl_steps"] if stage in RL else spec["steps"]
         # the table is the hf engine's (the preset's `auto` would take vLLM where it is installed); GRPO through
         # vLLM is timed after it
-        overrides = [f"data.path={data}", *model, *UPSTREAM_CAPS, "rollout.engine=hf", *args.overrides]
+        overrides = [f"data.path={data}", *settings, *UPSTREAM_CAPS, "rollout.engine=hf", *args.overrides]
         try:
             # an RL stage's profile records every generation kernel of the whole stage: minutes on a GPU
             raw = measure_stage(stage, run, PRESET, timed, warmup, overrides, args.profile and stage not in RL)
@@ -323,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if "grpo" in results["timed"] and "error" not in results["timed"]["grpo"] and vllm_importable():
         timed, warmup = spec["rl_steps"]
-        overrides = [f"data.path={data}", *model, *UPSTREAM_CAPS, *args.overrides, "rollout.engine=vllm"]
+        overrides = [f"data.path={data}", *settings, *UPSTREAM_CAPS, *args.overrides, "rollout.engine=vllm"]
         try:
             raw = measure_stage("grpo", run, PRESET, timed, warmup, overrides, False)
             entry = timed_entry(raw, "grpo", shape, None)

@@ -192,6 +192,21 @@ def test_gpu_check_runs_every_stage_and_times_each_at_the_tiny_shape(tmp_path):
     assert "| grpo |" in path.with_suffix(".md").read_text()
 
 
+def test_gpu_check_rows_are_synthetic_or_real_hh_pairs_capped_at_the_shape(tmp_path):
+    """--rows synthetic writes the shape's train and test rows; --rows hh reads the real pairs' file, capped at the
+    shape's counts in every stage's config, and a missing file is one line naming the way out."""
+    from bench.gpu_check import SHAPES, training_rows
+
+    shape = SHAPES["tiny"]
+    folder, caps = training_rows("synthetic", shape, tmp_path)
+    assert caps == [] and len((folder / "train.jsonl").read_text().splitlines()) == shape["rows"][0]
+    real = tmp_path / "pairs.jsonl.gz"
+    real.write_bytes(b"")
+    assert training_rows("hh", shape, tmp_path, real) == (real, ["data.max_train_pairs=400", "data.max_eval_pairs=24"])
+    with pytest.raises(SystemExit, match=r"--rows hh reads .*none.jsonl.gz, which is not there; give --hh-file"):
+        training_rows("hh", shape, tmp_path, tmp_path / "none.jsonl.gz")
+
+
 def test_gpu_check_flops_per_token_by_hand():
     """6 N + 12 L d T: a 2-layer, d = 4, 10-token model attending over 5 tokens."""
     from bench.gpu_check import training_flops_per_token
