@@ -29,7 +29,7 @@ if [ $# -gt 0 ]; then
 fi
 # The whole suite: the rest in .venv, and beside it the vLLM engine's tests, in .venv-vllm with vLLM's CPU build
 # (scripts/env.sh, RLHF_VLLM=1; x86-64 Linux), which is installed there while the main run starts. The small tiny
-# run that end-to-end tests copy is built once for both (tests/conftest.py, tiny_run).
+# run that end-to-end tests copy, and SmolLM2's dequantized weights, are built once for both (tests/conftest.py).
 RLHF_TEST_SHARED=$(mktemp -d)
 export RLHF_TEST_SHARED
 vllm_log=$(mktemp)

@@ -55,7 +55,7 @@ from rlhf.models.modeling import (
     load_pretrained_tokenizer,
     train_tokenizer,
 )
-from rlhf.models.sources import dequantize, is_dequantized, locate_gguf
+from rlhf.models.sources import cache_root, dequantized_into, locate_gguf
 from rlhf.rollout.benchmarks import render_user_prompt
 from rlhf.stage.config import is_gguf
 from rlhf.stage.run import write_json_atomic
@@ -285,7 +285,7 @@ def startup_checks(cfg) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("data", argv, check=startup_checks, one_process=True)
+    started = start_stage("data", argv, check=startup_checks)
     if started is None:
         return
     cfg, run = started
@@ -325,9 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     else:
         if is_gguf(cfg.model.name_or_path):  # dequantized once per run folder; later stages load the copy
             gguf = locate_gguf(cfg.model.name_or_path)
-            if not is_dequantized(gguf, run.base_model_dir):
-                print(f"[data] dequantizing {gguf.path} into {run.base_model_dir}")
-                dequantize(gguf, run.base_model_dir)
+            if done := dequantized_into(gguf, run.base_model_dir):
+                print(f"[data] {gguf.path} {done} into {run.base_model_dir} (cache: {cache_root()})")
         tokenizer = load_pretrained_tokenizer(cfg.tokenizer, cfg.model, run.pretrained_source(cfg))
         if cfg.data.chat_template:
             check_chat_template(tokenizer, run.pretrained_source(cfg))

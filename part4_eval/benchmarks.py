@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     from accelerate import Accelerator
 
     from rlhf.models.modeling import build_policy, load_pretrained_tokenizer
-    from rlhf.models.sources import dequantize, is_dequantized, locate_gguf
+    from rlhf.models.sources import dequantized_into, locate_gguf
     from rlhf.rollout.benchmarks import answer_benchmark, load_benchmark, summary_line
     from rlhf.rollout.engines import build_engine
     from rlhf.stage.config import is_gguf
@@ -123,8 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if is_gguf(source):
         gguf = locate_gguf(source, "--model")
         folder = args.output / "base_model"
-        if not is_dequantized(gguf, folder):
-            dequantize(gguf, folder)
+        dequantized_into(gguf, folder)
         source = str(folder)
     model_cfg = ModelConfig(name_or_path=source, init="pretrained", lora=LoRAConfig(enabled=False))
     tokenizer = load_pretrained_tokenizer(TokenizerConfig(), model_cfg)

@@ -242,7 +242,7 @@ def draw_figures(data: RunData, histories: dict[str, list[dict]], out_dir: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    started = start_stage("report", argv, requires=("eval",), one_process=True)
+    started = start_stage("report", argv, requires=("eval",))
     if started is None:
         return
     cfg, run = started

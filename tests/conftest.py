@@ -16,6 +16,8 @@ import pytest
 from fake_openai import server  # noqa: F401  (the fake OpenAI-compatible judge server, for every test module)
 from filelock import FileLock
 
+from rlhf.models.sources import CACHE_ENV
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A smaller, faster version of the tiny preset for end-to-end tests: same code paths, fewer pairs and steps.
@@ -70,21 +72,31 @@ def read_summary(output_dir: Path) -> dict:
     return json.loads((output_dir / "summary.json").read_text())
 
 
+def shared_folder(tmp_path_factory) -> Path:
+    """A folder every worker of this test run shares: RLHF_TEST_SHARED (run_tests.sh sets it for both of its pytest
+    sessions), else the folder all workers' temporary folders share."""
+    if os.environ.get("RLHF_TEST_SHARED"):
+        return Path(os.environ["RLHF_TEST_SHARED"])
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared  # a worker's is a subfolder
+
+
+@pytest.fixture(scope="session", autouse=True)
+def dequantization_cache(tmp_path_factory) -> None:
+    """A test run never reads (nor fills) the user's cache of dequantized GGUF models (`rlhf.models.sources`): the
+    first test to need SmolLM2's weights dequantizes the file for real, into a cache of this run's, and the later
+    ones link to that."""
+    os.environ[CACHE_ENV] = str(shared_folder(tmp_path_factory) / "cache")
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """data -> sft -> reward on a reduced tiny preset, built once per test run and shared by every end-to-end test:
-    the first worker to need it builds it under a file lock in the folder all workers' temporary folders share
-    (or in RLHF_TEST_SHARED, which run_tests.sh sets for both of its pytest sessions), the others wait for it and
-    reuse it.
+    the first worker to need it builds it under a file lock in `shared_folder`, the others wait for it and reuse it.
 
     Tests that train further stages should copy it (shutil.copytree) rather than write into it.
     """
-    if os.environ.get("RLHF_TEST_SHARED"):  # run_tests.sh: a folder the vLLM tests' session shares too
-        shared = Path(os.environ["RLHF_TEST_SHARED"])
-    else:
-        shared = tmp_path_factory.getbasetemp()
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            shared = shared.parent  # each worker's basetemp is a subfolder of the run's
+    shared = shared_folder(tmp_path_factory)
     output_dir, built = shared / "tiny_run", shared / "tiny_run.built"
     with FileLock(str(shared / "tiny_run.lock")):
         if not built.exists():
@@ -113,6 +125,7 @@ SLOW_FILES_FIRST = (
     "test_lora_e2e.py",
     "test_bench.py",
     "test_bf16_lora_ddp_e2e.py",
+    "test_ifeval_e2e.py",
     "test_fsdp.py",
     "test_overoptimization.py",
     "test_online_dpo.py",

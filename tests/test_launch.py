@@ -65,6 +65,33 @@ def test_rlhf_launch_is_split_like_a_shell():
     assert stage_command("ppo", args, "/bin/env python")[:2] == ["/bin/env", "python"]  # a path is used as it is
 
 
+def test_the_stages_with_nothing_to_share_out_start_without_the_launcher(monkeypatch, tmp_path):
+    """Data and report run as one process under RLHF_LAUNCH (their other processes would only stop at once); every
+    other stage under the launcher. Started by a launcher anyway, a later process of theirs stops before reading
+    its arguments."""
+    from rlhf.core.stages import STAGES
+    from rlhf.pipeline import driver
+    from rlhf.stage.cli import start_stage
+
+    assert [stage for stage, spec in STAGES.items() if spec.one_process] == ["data", "report"]
+    started = []
+
+    def launched(command):
+        started.append(("launched", command[-1]))
+        return 0, None
+
+    monkeypatch.setattr(driver, "run_launched", launched)
+    monkeypatch.setattr(driver, "run_stage_script", lambda script, args: started.append(("alone", script.name)) or 0)
+    for stage in ("data", "sft", "eval", "report"):
+        driver.run_stage_process(stage, ["x"], "accelerate launch --num_processes 2")
+    assert started == [("alone", "analyze_data.py"), ("launched", "x"), ("launched", "x"), ("alone", "make_report.py")]
+
+    monkeypatch.setenv("RANK", "1")
+    assert start_stage("report", ["--output-dir", str(tmp_path / "no such run"), "no.such_key=1"]) is None
+    with pytest.raises(UserError, match=r"unknown config key 'no\.such_key'"):  # a stage with work to share reads
+        start_stage("sft", ["--output-dir", str(tmp_path), "no.such_key=1"])  # its arguments on every process
+
+
 def test_a_launcher_found_nowhere_is_one_line_naming_the_fix(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(UserError, match=r"^RLHF_LAUNCH starts with 'acelerate', which is neither in .* nor on PATH"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import pytest
 
@@ -70,3 +71,72 @@ def test_the_data_stage_checks_the_source_at_start_up(tmp_path, capsys):
     )
     assert "pip install --no-deps no-such-package" in message
     assert not (tmp_path / "run" / "data").exists()
+
+
+# ----------------------------------------------------------------------------- the dequantization cache
+
+
+@pytest.fixture
+def fake_dequantize(tmp_path, monkeypatch):
+    """A GGUF file of a few bytes, a cache in tmp_path, and `dequantize` replaced by a writer of two small files
+    (the real one, through transformers: tests/test_smollm2_e2e.py); the list of folders it was asked to fill."""
+    from rlhf.models import sources
+    from rlhf.models.checkpoint import written_atomically
+
+    gguf_path = tmp_path / "model.gguf"
+    gguf_path.write_bytes(b"GGUF weights")
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "cache"))
+    calls = []
+
+    def dequantize(source, dest):
+        calls.append(dest)
+        with written_atomically(dest) as tmp:
+            (tmp / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 64}')
+            record = {"spec": source.spec, "file": source.name, "sha256": sources.file_digest(source.path)}
+            (tmp / sources.SOURCE_FILE).write_text(json.dumps(record))
+
+    monkeypatch.setattr(sources, "dequantize", dequantize)
+    return locate_gguf(str(gguf_path)), calls
+
+
+def test_a_gguf_file_is_dequantized_once_and_each_run_gets_links_to_it(tmp_path, fake_dequantize):
+    from rlhf.models.sources import cache_root, cached_dequantization, dequantized_into, file_digest
+
+    source, calls = fake_dequantize
+    assert cached_dequantization(source) is None
+    assert dequantized_into(source, tmp_path / "run1" / "base_model") == "dequantized"
+    cached = cache_root() / "gguf" / file_digest(source.path)
+    assert calls == [cached] and cached_dequantization(source) == cached
+    assert dequantized_into(source, tmp_path / "run2" / "base_model") == "from the cache"
+    assert dequantized_into(source, tmp_path / "run2" / "base_model") == ""  # complete already: nothing to do
+    assert len(calls) == 1
+    for run in ("run1", "run2"):  # the same bytes, as hard links to the cache's files
+        copy = tmp_path / run / "base_model" / "config.json"
+        assert copy.read_bytes() == (cached / "config.json").read_bytes()
+        assert copy.stat().st_ino == (cached / "config.json").stat().st_ino
+
+    source.path.write_bytes(b"other GGUF weights")  # another file under the same name: dequantized anew
+    assert cached_dequantization(source) is None
+    assert dequantized_into(source, tmp_path / "run1" / "base_model") == "dequantized" and len(calls) == 2
+
+
+def test_an_unwritable_cache_dequantizes_straight_into_the_run(tmp_path, fake_dequantize, monkeypatch):
+    from rlhf.models import sources
+
+    source, calls = fake_dequantize
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(sources.CACHE_ENV, str(tmp_path / "file" / "cache"))  # below a file: cannot be created
+    dest = tmp_path / "run" / "base_model"
+    assert sources.dequantized_into(source, dest) == "dequantized" and calls == [dest]
+
+
+def test_the_start_up_context_check_reads_a_cached_config_not_the_gguf_file(tmp_path, fake_dequantize):
+    from rlhf.models.modeling import check_context_from_config
+    from rlhf.models.sources import dequantized_into
+    from rlhf.stage.schema import DataConfig, ModelConfig
+
+    source, _ = fake_dequantize  # not a GGUF file transformers could parse: only the cached config.json answers
+    dequantized_into(source, tmp_path / "run" / "base_model")
+    model_cfg = ModelConfig(name_or_path=str(source.path), init="pretrained")
+    with pytest.raises(UserError, match="exceeds the model's 64 positions"):
+        check_context_from_config(model_cfg, DataConfig(max_prompt_tokens=60, max_response_tokens=8))

@@ -45,6 +45,9 @@ class StageSpec:
     # its row of the report's training table: (summary key, label, decimals); `val` marks a number the stage
     # measured itself on validation prompts (<stage>.eval_prompts, SFT's sft.gold_eval_prompts), not the Headline's
     results: tuple[tuple[str, str, int], ...] = ()
+    # nothing to share out over processes (data, report): the pipeline starts it as one process even under
+    # RLHF_LAUNCH, and where a launcher starts it several times, every process but the first stops at once
+    one_process: bool = False
 
     @property
     def summary_section(self) -> str:
@@ -68,6 +71,7 @@ _SPECS = (
         script="part1_reward/analyze_data.py",
         sections=("data", "tokenizer", "model"),
         label="data",
+        one_process=True,
     ),
     StageSpec(
         name="sft",
@@ -356,6 +360,7 @@ _SPECS = (
         sections=(),  # reads no config section: only the run folder's files
         inputs=("eval",),  # eval's fingerprint covers every earlier stage
         label="report",
+        one_process=True,
     ),
 )
 

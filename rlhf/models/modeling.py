@@ -24,7 +24,7 @@ from torch import nn
 
 from rlhf.core.errors import UserError
 from rlhf.core.ops import gather_logprobs
-from rlhf.models.sources import check_model_source, locate_gguf
+from rlhf.models.sources import cached_dequantization, check_model_source, locate_gguf
 from rlhf.stage.config import is_gguf
 from rlhf.stage.schema import DataConfig, ModelConfig, RewardConfig, TokenizerConfig
 
@@ -113,6 +113,8 @@ def _architecture_config(model_cfg: ModelConfig, local_only: bool = False, sourc
     if source is not None:
         check_model_source("model.name_or_path", source)
         gguf = locate_gguf(source) if is_gguf(source) else None
+        if gguf and (cached := cached_dequantization(gguf)):  # its config.json, not the whole GGUF file parsed
+            source, gguf = str(cached), None
         try:
             config = AutoConfig.from_pretrained(
                 gguf.folder if gguf else source,

@@ -113,10 +113,11 @@ def stage_command(stage: str, stage_args: list[str], launch: str) -> list[str]:
 
 
 def run_stage_process(stage: str, stage_args: list[str], launch: str) -> tuple[int, str | None]:
-    """Run one stage in its own process (`rlhf.pipeline.stage_process`), or under `launch` when it is set;
-    -> (exit code, its one-line error when a launcher's report of the failure would have buried it,
-    `rlhf.pipeline.launch.run_launched`; None when the stage said it itself)."""
-    if launch:
+    """Run one stage in its own process (`rlhf.pipeline.stage_process`), or under `launch` when it is set and the
+    stage has work to share out (not `StageSpec.one_process`); -> (exit code, its one-line error when a
+    launcher's report of the failure would have buried it, `rlhf.pipeline.launch.run_launched`; None when the
+    stage said it itself)."""
+    if launch and not STAGES[stage].one_process:
         return run_launched(stage_command(stage, stage_args, launch))
     return run_stage_script(REPO_ROOT / STAGES[stage].script, stage_args), None
 

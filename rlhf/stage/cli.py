@@ -144,11 +144,10 @@ def start_stage(
     argv: list[str] | None = None,
     requires: tuple[str, ...] = (),
     check: Callable[[Config], object] | None = None,
-    one_process: bool = False,
 ) -> tuple[Config, RunDir] | None:
     """Parse the command line; None (after saying so) when the stage already completed for this config,
-    and at once on every process but the main one for a `one_process` stage (data, report: nothing to share
-    out), which a launcher may start several times.
+    and at once on every process but the main one for a stage with nothing to share out (`StageSpec.one_process`:
+    data, report), which a launcher may start several times.
 
     `check` (config-only rules) must pass, and then the input stages in `requires` (and those the
     config adds, `rlhf.stage.run.config_inputs`, e.g. `collect` for reward.pairs=collected) must be complete
@@ -156,7 +155,7 @@ def start_stage(
     in one line and leaves the finished stage as it was. The stage folder then gets the resolved
     config.yaml (a later error names the keys a changed config differs in by it).
     """
-    if one_process and not main_process():
+    if STAGES[stage].one_process and not main_process():
         return None
     cfg, run, force = parse_stage_args(stage, argv)
     if run.is_complete(stage, cfg) and not force:
