@@ -97,6 +97,7 @@ OVERRIDES = {
     "dpo": [  # micro-batches by a token budget (rows of 28-130 tokens): one process cuts its 8 rows otherwise than
         # each of 2 cuts its 4, weighed by their pairs, and FSDP's processes take as many each: the same gradient
         "dpo.max_steps=4",
+        "dpo.max_train_pairs=32",  # the 32 that 4 steps of 8 train on: the reference scores no others
         "dpo.batch_size=8",
         "dpo.micro_batch_size=4",
         "dpo.micro_batch_tokens=160",
