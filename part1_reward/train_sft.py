@@ -38,7 +38,7 @@ from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.models.lora import with_lora
 from rlhf.models.memory import peak_memory_mb
 from rlhf.models.modeling import build_policy, check_fits_context, load_tokenizer, token_logprobs
-from rlhf.models.training import forward_map, make_accelerator, sft_batch_loss
+from rlhf.models.training import forward_map, make_accelerator, response_tokens, sft_batch_loss
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.generate import sample_responses
 from rlhf.stage.tracking import MetricLogger
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         loss_fn=sft_batch_loss,
         evaluate=evaluate,
         logger=logger,
-        loss_units=lambda batch: float(batch["response_mask"].sum()),  # sft_loss: a mean over response tokens
+        loss_units=response_tokens,
     )
 
     # 4. Final validation loss, and what the policy now says.

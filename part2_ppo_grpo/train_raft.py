@@ -16,7 +16,9 @@ RAFT (Dong et al. 2023, arXiv 2304.06767, Algorithm 1). Each round:
    `raft.missing_eos_penalty`, as in PPO and GRPO;
 3. keep each prompt's `raft.top_k` best samples (1: best-of-N; rlhf/methods/raft.py);
 4. fine-tune the policy on the kept (prompt, response) pairs with the SFT loss on response tokens
-   (`rlhf.models.training.sft_batch_loss`), `raft.epochs` passes in batches of `raft.batch_size`.
+   (`rlhf.models.training.sft_batch_loss`), `raft.epochs` passes in batches of `raft.batch_size`, in
+   micro-batches of `raft.micro_batch_size` rows, or of at most `raft.micro_batch_tokens` positions weighed by their
+   response tokens (`rlhf.loop.fit.step_micro_batches`, as SFT's).
 There is no reference model, KL penalty, critic or importance ratio in training: the policy moves
 as far as fine-tuning on its own best samples takes it, and the held-out evaluations measure its KL
 to the SFT policy. One optimizer and one learning-rate schedule run across all rounds.
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's rlhf, even under another clone's .venv
@@ -41,18 +44,24 @@ from accelerate.utils import gather_object
 
 from rlhf.core.batching import collate_sequences
 from rlhf.core.stages import STAGES
-from rlhf.loop.step import equal_micro_batches, train_step
+from rlhf.loop.fit import step_micro_batches
+from rlhf.loop.step import train_step
 from rlhf.methods.raft import kept_rows, plan_raft, tied_prompts
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.modeling import load_reward_model
 from rlhf.models.roles import frozen
-from rlhf.models.training import build_optimizer, epoch_order, sft_batch_loss
+from rlhf.models.training import build_optimizer, epoch_order, response_tokens, sft_batch_loss
 from rlhf.online.harness import OnlineStage
 from rlhf.online.stats import gold_metrics
 from rlhf.rollout.batch import SamplingConfig
 
 CURVES = list(STAGES["raft"].curves)
 EVAL_CURVES = list(STAGES["raft"].eval_curves)  # drawn when raft.eval_every > 0
+
+
+def collate_kept(kept_pairs: list[tuple[list[int], list[int]]], pad_id: int, rows: list[int]) -> dict:
+    """The kept (prompt ids, response ids) pairs at `rows`, collated for the SFT loss."""
+    return collate_sequences([kept_pairs[i][0] for i in rows], [kept_pairs[i][1] for i in rows], pad_id)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,12 +139,14 @@ def main(argv: list[str] | None = None) -> None:
             order = epoch_order(
                 lengths, seed, round_index * plan.epochs_per_round + epoch, rcfg.batch_size, rcfg.group_by_length
             )
-            batches = [
-                collate_sequences(
-                    [kept_pairs[i][0] for i in rows], [kept_pairs[i][1] for i in rows], tokenizer.pad_token_id
-                )
-                for rows in finetune.micro_rows(order, position, accelerator.process_index)
-            ]
+            micro_batches = step_micro_batches(  # raft.micro_batch_size rows each, or raft.micro_batch_tokens
+                accelerator,
+                finetune.micro_rows(order, position, accelerator.process_index),
+                lengths,
+                rcfg,
+                partial(collate_kept, kept_pairs, tokenizer.pad_token_id),
+                response_tokens,
+            )
             step_stats = train_step(
                 "raft",
                 run,
@@ -144,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
                 policy,
                 optimizer,
                 scheduler,
-                equal_micro_batches(batches, stage.device),
+                micro_batches,
                 sft_batch_loss,
                 rcfg.max_grad_norm,
             )

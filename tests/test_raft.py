@@ -68,7 +68,6 @@ def test_plan_raft_derived_sizes():
         ({"samples_per_prompt": 0}, "raft.samples_per_prompt=0 must be at least 1"),
         ({"eval_every": -1}, "raft.eval_every=-1 must be >= 0"),
         ({"reward": "model + gold"}, "raft.reward: unknown reward source 'gold'"),
-        ({"micro_batch_tokens": 512}, "raft.micro_batch_tokens=512: RAFT's fine-tuning takes raft.micro_batch_size"),
     ],
 )
 def test_config_errors_are_one_line(changes, message):

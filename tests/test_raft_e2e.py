@@ -101,3 +101,29 @@ def test_raft_ranks_fine_tunes_and_publishes_its_policy(tiny_run, tmp_path):
     assert len((stage / "eval_samples.jsonl").read_text().splitlines()) == 64
     assert (stage / "curves.png").stat().st_size > 10_000
     assert "gold win rate vs SFT" in result.stdout
+
+
+def test_a_token_budget_fine_tunes_as_one_pass_over_each_batch(tiny_run, tmp_path):
+    """raft.micro_batch_tokens (as SFT's, `rlhf.loop.fit.step_micro_batches`): each batch of 16 kept responses cut
+    into micro-batches of at most 128 positions (rows of 20-60 tokens: 2-6 rows each, so several per step), each
+    weighed by its response tokens, trains what one pass over each batch trains (micro_batch_size = batch_size). One
+    round, so both runs rank the same samples of the SFT policy."""
+    one_round = [
+        *TINY_TEST_OVERRIDES,
+        *RAFT_TEST_OVERRIDES,
+        "raft.rounds=1",
+        "raft.prompts_per_round=32",
+        "raft.eval_prompts=8",
+        "raft.eval_every=0",
+    ]
+    weights = {}
+    for name, sizing in (("one_pass", "raft.micro_batch_tokens=null"), ("budget", "raft.micro_batch_tokens=128")):
+        run = tmp_path / name
+        shutil.copytree(tiny_run, run)
+        run_script(SCRIPT, run, *one_round, sizing)
+        assert read_summary(run)["raft"]["optimizer_steps"] == 4
+        weights[name] = load_file(run / "raft" / "model" / "model.safetensors")
+    sft = load_file(tiny_run / "sft" / "model" / "model.safetensors")
+    for key, one_pass in weights["one_pass"].items():
+        torch.testing.assert_close(weights["budget"][key], one_pass, rtol=0, atol=2e-6, msg=key)
+    assert any(not torch.equal(one_pass, sft[key]) for key, one_pass in weights["one_pass"].items())  # it trained

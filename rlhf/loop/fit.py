@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from accelerate import Accelerator
 
-from rlhf.loop.step import LossFn, equal_micro_batches, train_step, unit_weighted_micro_batches
+from rlhf.loop.step import LossFn, MicroBatch, equal_micro_batches, train_step, unit_weighted_micro_batches
 from rlhf.models.checkpoint import check_checkpoint_config, load_training_state, save_training_state
 from rlhf.models.sharding import prepare_trained_model
 from rlhf.models.training import budget_micro_rows, build_optimizer, build_scheduler, epoch_order, plan_steps
@@ -30,6 +30,25 @@ def token_budget_rows(
         return micro_rows
     counts = accelerator.gather(torch.tensor([len(micro_rows)], device=accelerator.device))  # (W,)
     return budget_micro_rows(rows, lengths, tcfg.micro_batch_tokens, int(counts.max()))
+
+
+def step_micro_batches(
+    accelerator: Accelerator,
+    micro_rows: list[list[int]],
+    lengths: list[int],
+    tcfg: TrainConfig,
+    collate: Callable[[list[int]], dict],
+    loss_units: Callable[[dict], float],
+) -> list[MicroBatch]:
+    """One step's micro-batches on this process from its `micro_rows` (`micro_batch_size` rows each): so, weighed
+    equally, when `tcfg.micro_batch_tokens` is None; else those rows re-cut by that token budget
+    (`token_budget_rows`), each weighed by its share of the step's `loss_units` on all processes (response
+    tokens, pairs: what its loss averages over). `collate` makes a batch of example indices."""
+    if tcfg.micro_batch_tokens is None:
+        return equal_micro_batches([collate(rows) for rows in micro_rows], accelerator.device)
+    micro_rows = token_budget_rows(accelerator, [i for rows in micro_rows for i in rows], lengths, tcfg)
+    batches = [collate(rows) for rows in micro_rows]
+    return unit_weighted_micro_batches(batches, [loss_units(batch) for batch in batches], accelerator)
 
 
 def fit(
@@ -86,13 +105,9 @@ def fit(
         epoch, position = divmod(step, plan.steps_per_epoch)
         order = epoch_order(lengths, stage_seed(cfg, stage), epoch, tcfg.batch_size, tcfg.group_by_length)
         micro_rows = plan.micro_rows(order, position, rank)
-        if tcfg.micro_batch_tokens is None:  # micro_batch_size rows each, weighed equally
-            batches = [collate([examples[i] for i in rows]) for rows in micro_rows]
-            micro_batches = equal_micro_batches(batches, accelerator.device)
-        else:  # a token budget each, weighed by their loss units
-            micro_rows = token_budget_rows(accelerator, [i for rows in micro_rows for i in rows], lengths, tcfg)
-            batches = [collate([examples[i] for i in rows]) for rows in micro_rows]
-            micro_batches = unit_weighted_micro_batches(batches, [loss_units(b) for b in batches], accelerator)
+        micro_batches = step_micro_batches(
+            accelerator, micro_rows, lengths, tcfg, lambda rows: collate([examples[i] for i in rows]), loss_units
+        )
         totals = train_step(
             stage,
             run,

@@ -181,11 +181,6 @@ def check_raft_config(rcfg: RAFTConfig) -> None:
         raise UserError(
             f"raft.temperature={rcfg.temperature} must be > 0: greedy decoding samples the same response N times"
         )
-    if rcfg.micro_batch_tokens is not None:
-        raise UserError(
-            f"raft.micro_batch_tokens={rcfg.micro_batch_tokens}: RAFT's fine-tuning takes raft.micro_batch_size rows "
-            "per micro-batch; remove raft.micro_batch_tokens (a token budget is for sft, reward and dpo)"
-        )
     check_rl_config("raft", rcfg)
 
 

@@ -38,6 +38,11 @@ def sft_batch_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> tu
     return loss, {f"train/{name}": value for name, value in stats.items()}
 
 
+def response_tokens(batch: dict[str, torch.Tensor]) -> float:
+    """What `sft_batch_loss` averages over: the batch's response tokens (its loss units, `rlhf.loop.fit`)."""
+    return float(batch["response_mask"].sum())
+
+
 def idle_cores(window_s: float = 0.3) -> float | None:
     """Cores that other processes left idle over the last `window_s` seconds, from /proc/stat's
     aggregate line (Linux); None where it cannot be read."""

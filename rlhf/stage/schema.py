@@ -152,11 +152,12 @@ class TrainConfig:
     max_steps: int | None = None  # hard cap on optimizer steps (None: from epochs)
     batch_size: int = 64  # global batch (sequences or pairs) per optimizer step
     micro_batch_size: int = 8  # per-process forward/backward batch; accumulation fills the rest
-    # A token budget per micro-batch in place of micro_batch_size rows (SFT, reward, DPO): rows x the longest row's
-    # tokens, padding included. Each process's share of a batch is sorted longest first and cut where the next row
-    # would not fit (a row longer than the budget goes alone), so a micro-batch of short rows holds more of them and
-    # one of long rows fewer; each weighs its share of the batch's loss units (response tokens for SFT, pairs for
-    # reward and DPO), the same gradient as one pass over the batch. None: micro_batch_size rows, weighed equally.
+    # A token budget per micro-batch in place of micro_batch_size rows (SFT, reward, DPO, RAFT): rows x the longest
+    # row's tokens, padding included. Each process's share of a batch is sorted longest first and cut where the next
+    # row would not fit (a row longer than the budget goes alone), so a micro-batch of short rows holds more of them
+    # and one of long rows fewer; each weighs its share of the batch's loss units (response tokens for SFT and RAFT,
+    # pairs for reward and DPO), the same gradient as one pass over the batch. None: micro_batch_size rows, weighed
+    # equally.
     micro_batch_tokens: int | None = None
     eval_batch_size: int = 32  # per-process batch for forward-only evaluation
     group_by_length: bool = True  # batch examples of similar length together: far less padding, same epoch
