@@ -25,6 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from rlhf.core.stages import STAGES
 from rlhf.pipeline.driver import select_stages
 from rlhf.stage.config import load_config, preset_path
 from rlhf.stage.run import STAGE_SCRIPTS, RunDir, collect_needed, judge_needed
@@ -160,7 +161,9 @@ def test_every_stage_completes_in_bf16(bf16_run):
     run, records = bf16_run
     incomplete = [stage for stage in PIPELINE_STAGES if not RunDir(run).is_complete(stage, BF16_CONFIG)]
     assert incomplete == []  # the fingerprints cover bf16
-    assert set(records) == set(PIPELINE_STAGES) and all(len(processes) == 1 for processes in records.values())
+    # every stage ran under the probe, but the two the pipeline starts without RLHF_LAUNCH (nothing to share out)
+    launched = [stage for stage in PIPELINE_STAGES if not STAGES[stage].one_process]
+    assert set(records) == set(launched) and all(len(processes) == 1 for processes in records.values())
     evaluation = read_summary(run)["eval"]
     assert set(evaluation["models"]) == {"sft", "ppo", "grpo", "raft", "dpo", "online_dpo", "best_of_2"}
     assert (run / "report.md").stat().st_size > 1000
