@@ -144,16 +144,19 @@ def dequantized_into(source: GGUFFile, dest: Path) -> str:
     if is_dequantized(source, dest, digest):
         return ""
     cached = cache_root() / "gguf" / digest
-    try:
+    lock = FileLock(str(cached.with_suffix(".lock")))
+    try:  # a cache folder that cannot be made, or one whose lock cannot be written (read-only)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(cached.with_suffix(".lock")))
+        lock.acquire()
     except OSError:
         dequantize(source, dest)
         return "dequantized"
-    with lock:
+    try:
         done = "from the cache" if is_dequantized(source, cached, digest) else "dequantized"
         if done == "dequantized":
             dequantize(source, cached)
+    finally:
+        lock.release()
     with written_atomically(dest) as tmp:
         shutil.copytree(cached, tmp, copy_function=link_or_copy, dirs_exist_ok=True)
     return done
