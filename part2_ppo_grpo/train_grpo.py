@@ -200,7 +200,13 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(gcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, gcfg.num_minibatches, generator, layout):
                 micro = rollout_micro_batches(
-                    accelerator, minibatch.to(device), rollout, plan.micro_batch_size, gcfg.loss_normalization, layout
+                    accelerator,
+                    minibatch.to(device),
+                    rollout,
+                    plan.micro_batch_size,
+                    gcfg.loss_normalization,
+                    layout,
+                    gcfg.micro_batch_tokens,
                 )
                 step_stats = train_step(
                     "grpo",

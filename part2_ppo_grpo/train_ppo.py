@@ -214,7 +214,12 @@ def main(argv: list[str] | None = None) -> None:
         for _ in range(pcfg.epochs):
             for minibatch in minibatch_indices(plan.local_batch, pcfg.num_minibatches, generator):
                 micro = rollout_micro_batches(
-                    accelerator, minibatch.to(device), rollout, plan.micro_batch_size, "token"
+                    accelerator,
+                    minibatch.to(device),
+                    rollout,
+                    plan.micro_batch_size,
+                    "token",
+                    micro_batch_tokens=pcfg.micro_batch_tokens,
                 )
                 step_stats = train_step(
                     "ppo",

@@ -67,9 +67,12 @@ OVERRIDES = {
     ],
     "grpo": [
         "grpo.total_episodes=48",
-        "grpo.batch_size=16",  # 2 groups per process, each packed micro-batch one whole group
+        "grpo.batch_size=16",  # 2 groups per process
         "grpo.group_size=4",
         "grpo.micro_batch_size=4",
+        # micro-batches by a token budget: packed groups of ~50-130 positions, one or two a micro-batch, as many on
+        # each process (FSDP gathers the weights in every forward pass), weighed by their loss units
+        "grpo.micro_batch_tokens=160",
         "grpo.forward_batch_size=8",
         "grpo.epochs=2",
         "grpo.loss_normalization=token",

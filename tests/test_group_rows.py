@@ -8,7 +8,7 @@ import torch
 from test_rollout import PROMPTS, TEXTS, encode, tiny_config, tiny_policy, tiny_reward_model
 
 from rlhf.core.ops import shifted_entropy, shifted_logprobs
-from rlhf.methods.passes import micro_batch_rows, minibatch_indices
+from rlhf.methods.passes import budget_micro_batch_rows, micro_batch_rows, minibatch_indices
 from rlhf.models.modeling import MeanPoolRewardModel, disable_dropout, position_ids_from_mask, train_tokenizer
 from rlhf.rollout.batch import SamplingConfig, pack_rollout
 from rlhf.rollout.forward import rollout_logprobs, score_rollout
@@ -133,6 +133,10 @@ def test_packed_reward_scores_equal_the_separate_rows(groups, tokenizer, pooling
     torch.testing.assert_close(packed_scores, score_rollout(reward_model, groups, 2 * G), atol=1e-5, rtol=0)
 
 
+class OneProcess:
+    num_processes = 1  # what `token_budget_rows` asks of the accelerator
+
+
 def test_micro_batches_keep_groups_whole_and_sorted_by_packed_width():
     # 3 groups of 2: packed widths (prompt + both responses) 2+1+1=4, 1+5+5=11, 3+1+2=6
     lengths = torch.tensor([3, 3, 6, 6, 4, 5])
@@ -141,6 +145,10 @@ def test_micro_batches_keep_groups_whole_and_sorted_by_packed_width():
         response_mask[row, prompt : prompt + response] = True
     chunks = micro_batch_rows(torch.arange(6), lengths, response_mask.sum(-1), 2, layout=RowLayout(2))
     assert [rows.tolist() for rows in chunks] == [[0, 1], [4, 5], [2, 3]]
+    # a token budget of 12 (forward rows x the widest packed width): group [2, 3] (11) alone, then [4, 5] (6) with
+    # [0, 1] (4): 2 x 6 = 12; each group whole and in order
+    budget = budget_micro_batch_rows(OneProcess(), torch.arange(6), lengths, response_mask.sum(-1), 12, RowLayout(2))
+    assert [rows.tolist() for rows in budget] == [[2, 3], [4, 5, 0, 1]]
     parts = minibatch_indices(12, 2, torch.Generator().manual_seed(0), layout=RowLayout(3))
     for part in parts:
         assert len(part) == 6 and (part.view(-1, 3) == part.view(-1, 3)[:, :1] + torch.arange(3)).all()

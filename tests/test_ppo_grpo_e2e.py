@@ -224,35 +224,59 @@ def test_grpo_without_kl_never_loads_a_reference_but_still_measures_kl_when_eval
     assert evals[-1]["grpo/eval/kl_to_ref"] != 0.0  # the trained policy, measured against the SFT policy
 
 
-def test_grpo_trains_the_same_with_and_without_packed_groups(rl_run, tmp_path):
+def test_grpo_trains_the_same_with_and_without_packed_groups_and_with_a_token_budget(rl_run, tmp_path):
     """grpo.pack_groups computes each group's prompt once (rlhf/rollout/packing.py): the same samples, losses and
-    weights as separate rows, to float rounding."""
+    weights as separate rows, to float rounding. And grpo.micro_batch_tokens: packed groups of about 55-170 positions
+    (prompts of 14-67 tokens and four responses of up to 25) cut by a budget of 160, one or two groups a
+    micro-batch (micro_batch_size makes two of four), each weighed by its loss units, train what micro_batch_size
+    trains."""
     runs = {}
-    for packed in ("true", "false"):
-        runs[packed] = tmp_path / packed
-        shutil.copytree(rl_run[0], runs[packed], ignore=shutil.ignore_patterns("ppo", "grpo"))
+    for name, sizing in (
+        ("packed", []),
+        ("rows", ["grpo.pack_groups=false"]),
+        ("budget", ["grpo.micro_batch_tokens=160"]),
+    ):
+        runs[name] = tmp_path / name
+        shutil.copytree(rl_run[0], runs[name], ignore=shutil.ignore_patterns("ppo", "grpo"))
         run_script(
             SCRIPTS["grpo"],
-            runs[packed],
+            runs[name],
             *TINY_TEST_OVERRIDES,
             *FAST["grpo"],
             "grpo.total_episodes=64",
             "grpo.eval_prompts=8",
             "grpo.eval_every=0",
-            f"grpo.pack_groups={packed}",
+            *sizing,
         )
-    rows = {packed: [r for r in metric_rows(run, "grpo") if "grpo/train/loss" in r] for packed, run in runs.items()}
-    assert len(rows["true"]) == len(rows["false"]) == 2
-    # The two layouts put different rows in a micro-batch (whole groups by packed width, or rows by length); token
-    # means (entropy, k3 KL) are the minibatch's all the same.
-    for with_packing, without in zip(rows["true"], rows["false"]):
-        for key, value in without.items():
-            if "time" in key or "memory" in key or not isinstance(value, float):
-                continue
-            assert with_packing[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
-    weights = [load_file(run / "grpo" / "model" / "model.safetensors") for run in runs.values()]
-    for name, tensor in weights[1].items():
-        torch.testing.assert_close(weights[0][name], tensor, atol=1e-5, rtol=1e-4, msg=name)
+    rows = {name: [r for r in metric_rows(run, "grpo") if "grpo/train/loss" in r] for name, run in runs.items()}
+    assert len(rows["packed"]) == len(rows["rows"]) == len(rows["budget"]) == 2
+    # The layouts and sizings put different rows in a micro-batch (whole groups by packed width, rows by length, or
+    # groups by the budget); token means (entropy, k3 KL) are the minibatch's all the same.
+    for other in ("rows", "budget"):
+        for packed, row in zip(rows["packed"], rows[other]):
+            for key, value in row.items():
+                if "time" in key or "memory" in key or not isinstance(value, float):
+                    continue
+                assert packed[key] == pytest.approx(value, rel=1e-4, abs=1e-5), (other, key)
+    weights = {name: load_file(run / "grpo" / "model" / "model.safetensors") for name, run in runs.items()}
+    for other in ("rows", "budget"):
+        for key, tensor in weights[other].items():
+            torch.testing.assert_close(weights["packed"][key], tensor, atol=1e-5, rtol=1e-4, msg=f"{other} {key}")
+
+
+def test_a_ppo_token_budget_trains_as_one_pass_over_each_minibatch(rl_run, tmp_path):
+    """ppo.micro_batch_tokens: each minibatch of 32 rollouts (rows of about 20-90 positions: prompts of 14-67 tokens,
+    responses of up to 25) cut into micro-batches of at most 256 positions, 3-10 rows each, so several a step,
+    each weighed by its response tokens, trains what one pass over the minibatch trains (micro_batch_size = 32)."""
+    weights = {}
+    for name, sizing in (("one_pass", "ppo.micro_batch_tokens=null"), ("budget", "ppo.micro_batch_tokens=256")):
+        run = tmp_path / name
+        shutil.copytree(rl_run[0], run, ignore=shutil.ignore_patterns("ppo", "grpo"))
+        overrides = [*FAST["ppo"], "ppo.total_episodes=64", "ppo.micro_batch_size=32", "ppo.eval_prompts=8"]
+        run_script(SCRIPTS["ppo"], run, *TINY_TEST_OVERRIDES, *overrides, "ppo.eval_every=0", sizing)
+        weights[name] = load_file(run / "ppo" / "model" / "model.safetensors")
+    for key, one_pass in weights["one_pass"].items():
+        torch.testing.assert_close(weights["budget"][key], one_pass, atol=1e-5, rtol=1e-4, msg=key)
 
 
 @pytest.mark.parametrize(

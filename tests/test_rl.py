@@ -17,7 +17,14 @@ from rlhf.analysis.evaluation import sequence_kl
 from rlhf.core.errors import UserError
 from rlhf.core.ops import shifted_entropy, shifted_logprobs
 from rlhf.core.winrates import head_to_head
-from rlhf.methods.passes import align_values, loss_units, micro_batch_rows, minibatch_indices, rollout_micro_batches
+from rlhf.methods.passes import (
+    align_values,
+    budget_micro_batch_rows,
+    loss_units,
+    micro_batch_rows,
+    minibatch_indices,
+    rollout_micro_batches,
+)
 from rlhf.methods.plan import plan_rl
 from rlhf.methods.rules import check_grpo_config, check_ppo_config
 from rlhf.methods.shaping import (
@@ -274,6 +281,8 @@ def test_minibatch_indices_partition_the_batch():
 class OneProcess:
     """The part of an Accelerator that `rollout_micro_batches` uses: one process, whose reductions are identities."""
 
+    num_processes = 1
+
     def reduce(self, tensor, reduction):
         return tensor
 
@@ -352,6 +361,31 @@ def test_rollout_micro_batches_across_processes_give_the_global_token_mean():
         [m.loss_weight for m in rollout_micro_batches(TwoProcesses(2.0), torch.tensor([0, 1]), rollout, 1, "sequence")],
         [0.5, 0.5],
     )
+
+
+def test_a_token_budget_cuts_rollouts_widest_first_and_weighs_them_as_one_pass():
+    """ppo.micro_batch_tokens: the minibatch's rows, widest first, each micro-batch filled while rows x its widest
+    row stays within the budget; whatever the cut, each weighs its share of the minibatch's loss units, so the
+    weighted means are the minibatch's mean."""
+    rollout = right_padded([(1, 3), (1, 1), (1, 4), (1, 2)], 6)  # lengths 4, 2, 5, 3; response tokens 3, 1, 4, 2
+    chunks = budget_micro_batch_rows(OneProcess(), torch.arange(4), rollout.lengths, rollout.response_lengths, 8)
+    # widest first: row 2 (5; with row 0, 2 x 5 = 10 > 8), then rows 0, 3 (2 x 4 = 8), then row 1
+    assert [rows.tolist() for rows in chunks] == [[2], [0, 3], [1]]
+    micro = rollout_micro_batches(OneProcess(), torch.arange(4), rollout, 4, "token", micro_batch_tokens=8)
+    assert [m.batch.rows.tolist() for m in micro] == [[2], [0, 3], [1]]
+    close([m.loss_weight for m in micro], [0.4, 0.5, 0.1])  # 4, 3 + 2, 1 of 10 response tokens
+    values = torch.arange(24.0).reshape(4, 6)
+    micro_means = [values[m.batch.rows, : m.batch.input_ids.shape[1]][m.batch.response_mask].mean() for m in micro]
+    close(sum(m.loss_weight * mean for m, mean in zip(micro, micro_means)), values[rollout.response_mask].mean())
+    close(
+        [
+            m.loss_weight
+            for m in rollout_micro_batches(OneProcess(), torch.arange(4), rollout, 4, "sequence", micro_batch_tokens=8)
+        ],
+        [0.25, 0.5, 0.25],
+    )
+    # a budget narrower than any row: one row each
+    assert len(rollout_micro_batches(OneProcess(), torch.arange(4), rollout, 4, "token", micro_batch_tokens=1)) == 4
 
 
 def test_micro_batch_rows_sort_by_length():

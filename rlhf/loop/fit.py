@@ -9,27 +9,21 @@ from collections.abc import Callable
 import torch
 from accelerate import Accelerator
 
-from rlhf.loop.step import LossFn, MicroBatch, equal_micro_batches, train_step, unit_weighted_micro_batches
+from rlhf.loop.step import (
+    LossFn,
+    MicroBatch,
+    equal_micro_batches,
+    token_budget_rows,
+    train_step,
+    unit_weighted_micro_batches,
+)
 from rlhf.models.checkpoint import check_checkpoint_config, load_training_state, save_training_state
 from rlhf.models.sharding import prepare_trained_model
-from rlhf.models.training import budget_micro_rows, build_optimizer, build_scheduler, epoch_order, plan_steps
+from rlhf.models.training import build_optimizer, build_scheduler, epoch_order, plan_steps
 from rlhf.stage.run import RunDir, stage_seed
 from rlhf.stage.schema import Config, TrainConfig
 from rlhf.stage.signals import checkpoint_due, defer_stops, stop_if_requested
 from rlhf.stage.tracking import MetricLogger
-
-
-def token_budget_rows(
-    accelerator: Accelerator, rows: list[int], lengths: list[int], tcfg: TrainConfig
-) -> list[list[int]]:
-    """This process's `rows` of a step in micro-batches of at most `tcfg.micro_batch_tokens` positions
-    (`budget_micro_rows`), as many on every process: under FSDP every forward pass gathers the sharded weights
-    from all of them."""
-    micro_rows = budget_micro_rows(rows, lengths, tcfg.micro_batch_tokens)
-    if accelerator.num_processes == 1:
-        return micro_rows
-    counts = accelerator.gather(torch.tensor([len(micro_rows)], device=accelerator.device))  # (W,)
-    return budget_micro_rows(rows, lengths, tcfg.micro_batch_tokens, int(counts.max()))
 
 
 def step_micro_batches(
@@ -46,7 +40,8 @@ def step_micro_batches(
     tokens, pairs: what its loss averages over). `collate` makes a batch of example indices."""
     if tcfg.micro_batch_tokens is None:
         return equal_micro_batches([collate(rows) for rows in micro_rows], accelerator.device)
-    micro_rows = token_budget_rows(accelerator, [i for rows in micro_rows for i in rows], lengths, tcfg)
+    step_rows = [i for chunk in micro_rows for i in chunk]
+    micro_rows = token_budget_rows(accelerator, step_rows, lengths, tcfg.micro_batch_tokens)
     batches = [collate(rows) for rows in micro_rows]
     return unit_weighted_micro_batches(batches, [loss_units(batch) for batch in batches], accelerator)
 

@@ -14,6 +14,7 @@ from accelerate import Accelerator
 
 from rlhf.core.errors import UserError
 from rlhf.models.sharding import full_gradient_norm
+from rlhf.models.training import budget_micro_rows
 from rlhf.stage.fault_points import fault_point
 from rlhf.stage.run import RunDir
 
@@ -60,6 +61,19 @@ def accumulation_weights(units: list[float], units_per_process: float) -> list[f
     if not units_per_process:
         return [1.0 / len(units)] * len(units)
     return [size / units_per_process for size in units]
+
+
+def token_budget_rows(
+    accelerator: Accelerator, rows: list[int], lengths: list[int], max_tokens: int
+) -> list[list[int]]:
+    """This process's `rows` of a step (`lengths`: positions per row, indexed by row) in micro-batches of at most
+    `max_tokens` positions (`budget_micro_rows`), as many on every process: under FSDP every forward pass gathers
+    the sharded weights from all of them."""
+    micro_rows = budget_micro_rows(rows, lengths, max_tokens)
+    if accelerator.num_processes == 1:
+        return micro_rows
+    counts = accelerator.gather(torch.tensor([len(micro_rows)], device=accelerator.device))  # (W,)
+    return budget_micro_rows(rows, lengths, max_tokens, int(counts.max()))
 
 
 def equal_micro_batches(batches: list[dict[str, torch.Tensor]], device: torch.device) -> list[MicroBatch]:

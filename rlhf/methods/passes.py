@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlhf.loop.step import MicroBatch, accumulation_weights
+from rlhf.loop.step import MicroBatch, accumulation_weights, token_budget_rows
 from rlhf.rollout.batch import Rollout
 from rlhf.rollout.layout import ROWS, RowLayout
 from rlhf.stage.schema import PPOConfig
@@ -51,6 +51,21 @@ def micro_batch_rows(
     return [minibatch[start : start + micro_batch_size] for start in range(0, len(minibatch), micro_batch_size)]
 
 
+def budget_micro_batch_rows(
+    accelerator, minibatch: Tensor, lengths: Tensor, response_lengths: Tensor, max_tokens: int, layout: RowLayout = ROWS
+) -> list[Tensor]:
+    """One minibatch's rows (minibatch: (n,) row indices) in micro-batches of at most `max_tokens` positions each:
+    forward rows x the widest forward row, padding included (a row's length, or a packed group's prompt plus its G
+    responses; lengths, response_lengths: (B,) per rollout row), the widest first, each filled while the next forward
+    row fits, one wider than the budget alone (`token_budget_rows`, as many on every process). A packed group stays
+    whole and in order."""
+    groups = minibatch.view(-1, layout.rows_per_pass)  # (n / G, G): one forward row each
+    response_tokens = response_lengths[groups]  # (n / G, G)
+    widths = lengths[groups[:, 0]] - response_tokens[:, 0] + response_tokens.sum(-1)  # (n / G,): prompt + responses
+    micro = token_budget_rows(accelerator, list(range(len(groups))), widths.tolist(), max_tokens)
+    return [groups[members].reshape(-1) for members in micro]
+
+
 def rollout_micro_batches(
     accelerator,
     minibatch: Tensor,
@@ -58,9 +73,11 @@ def rollout_micro_batches(
     micro_batch_size: int,
     normalization: str,
     layout: RowLayout = ROWS,
+    micro_batch_tokens: int | None = None,
 ) -> list[MicroBatch]:
-    """One minibatch of `rollout`'s rows (minibatch: (n,) row indices) as micro-batches (`micro_batch_rows`), each
-    its rows selected with every tensor the rollout carries. Its loss weighs its share of the minibatch's
+    """One minibatch of `rollout`'s rows (minibatch: (n,) row indices) as micro-batches of `micro_batch_size` rows
+    (`micro_batch_rows`), or of at most `micro_batch_tokens` positions when that is set (`budget_micro_batch_rows`),
+    each its rows selected with every tensor the rollout carries. Its loss weighs its share of the minibatch's
     `loss_units` over all processes (`accumulation_weights`), so the weighted losses are the loss of the whole
     minibatch at once under `normalization`; its metrics weigh its share of the minibatch's response tokens on all
     processes (times their number, as the loss weights), so that a token-mean metric of the micro-batches is the
@@ -70,7 +87,12 @@ def rollout_micro_batches(
         [loss_units(rollout.response_mask, normalization), loss_units(rollout.response_mask, "token")]
     )
     units, token_units = accelerator.reduce(row_units[:, minibatch].sum(-1), reduction="mean").tolist()  # per process
-    chunks = micro_batch_rows(minibatch, rollout.lengths, rollout.response_lengths, micro_batch_size, layout)
+    if micro_batch_tokens is None:
+        chunks = micro_batch_rows(minibatch, rollout.lengths, rollout.response_lengths, micro_batch_size, layout)
+    else:
+        chunks = budget_micro_batch_rows(
+            accelerator, minibatch, rollout.lengths, rollout.response_lengths, micro_batch_tokens, layout
+        )
     chunk_units, chunk_tokens = torch.stack([row_units[:, rows].sum(-1) for rows in chunks], dim=1).tolist()  # (2, K)
     weights = accumulation_weights(chunk_units, units)
     return [

@@ -233,6 +233,11 @@ def check_online_dpo_config(ocfg: OnlineDPOConfig) -> None:
         raise UserError(f"online_dpo.reference='{ocfg.reference}' is not one of: {', '.join(ONLINE_DPO_REFERENCES)}")
     if ocfg.samples_per_prompt < 2:
         raise UserError(f"online_dpo.samples_per_prompt={ocfg.samples_per_prompt} must be at least 2 to form a pair")
+    if ocfg.micro_batch_tokens is not None:
+        raise UserError(
+            f"online_dpo.micro_batch_tokens={ocfg.micro_batch_tokens}: online DPO has no token budget (its "
+            "micro_batch_size counts pairs); remove it and set online_dpo.micro_batch_size"
+        )
     if ocfg.judge != "reward" and ocfg.samples_per_prompt != 2:
         raise UserError(
             f"online_dpo.judge={ocfg.judge} compares two responses; set online_dpo.samples_per_prompt=2 "

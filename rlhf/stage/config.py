@@ -82,6 +82,7 @@ _RL_COUNT_KEYS = (  # RLConfig's, and OnlineConfig's max_new_tokens
     "batch_size",
     "num_minibatches",
     "micro_batch_size",
+    "micro_batch_tokens",
     "forward_batch_size",
     "epochs",
     "max_new_tokens",

@@ -304,6 +304,11 @@ class RLConfig(OnlineConfig):
     batch_size: int = 64  # responses sampled and scored per iteration (global, all processes)
     num_minibatches: int = 1  # optimizer steps per epoch over one rollout batch (Huang et al. 2024: 1)
     micro_batch_size: int = 8  # per-process forward/backward batch; accumulation fills a minibatch
+    # PPO and GRPO: a token budget per micro-batch in place of micro_batch_size rollouts, as TrainConfig's: forward
+    # rows x the widest one's tokens (a packed GRPO group is one row), each weighed by its share of the minibatch's
+    # loss units, so the same gradient as one pass over the minibatch. None: micro_batch_size rollouts. (Not
+    # online_dpo's, whose micro_batch_size counts pairs.)
+    micro_batch_tokens: int | None = None
     # per-process batch for no-grad passes: generation, policy/reference/reward/value scoring
     forward_batch_size: int = 32
     epochs: int = 4  # optimisation passes over each rollout batch (Huang et al. 2024: 4 PPO epochs)
