@@ -8,7 +8,7 @@ process, so that peak memory (max RSS on CPU) and thread settings belong to one 
 
 - sft, reward, dpo: `rlhf.loop.step.train_step` with the stage's own loss and collation, on the
   first (warm-up + steps) x batch_size training examples, in the stage's epoch order (length
-  grouped). DPO's reference pass over those pairs (`split_logps`, forward-only, as the stage
+  grouped). DPO's reference pass over those pairs (`PreferenceSplits.logps`, forward-only, as the stage
   precomputes it) runs before the first step and counts in `total_s`. The reward model is trained
   with the Bradley-Terry loss alone (`reward.logprob_distill_coef` is a stage option TRL has no
   counterpart of; its SFT forward pass is left out). With `model.lora` on for the stage, the model
@@ -50,7 +50,7 @@ from rlhf.core.batching import (  # noqa: E402
 from rlhf.core.losses import DPO_AVERAGES_LOGPS, bradley_terry_loss  # noqa: E402
 from rlhf.data import read_demonstrations, read_jsonl  # noqa: E402
 from rlhf.loop.step import equal_micro_batches, train_step  # noqa: E402
-from rlhf.methods.dpo import PrecomputedReference, indexed_pairs, make_loss_fn, split_logps  # noqa: E402
+from rlhf.methods.dpo import PrecomputedReference, PreferenceSplits, make_loss_fn  # noqa: E402
 from rlhf.models.lora import load_trainable_policy, reference_policy, with_lora  # noqa: E402
 from rlhf.models.memory import peak_memory_mb  # noqa: E402
 from rlhf.models.modeling import (  # noqa: E402
@@ -182,14 +182,19 @@ def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
     the end-to-end time, as the stage runs it before training."""
     dcfg = cfg.dpo
     tokenizer = load_tokenizer(run.model_dir("sft"))
-    pairs = encode_pairs(tokenizer, train_rows(run, n))
+    rows = train_rows(run, n)
+    average = DPO_AVERAGES_LOGPS[dcfg.loss_type]
     truncation = (cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)
-
-    def collate(batch_pairs):
-        return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
-
-    def collate_indexed(indices):
-        return indexed_pairs(collate, pairs, indices)
+    splits = PreferenceSplits(
+        {"train": encode_pairs(tokenizer, rows)},
+        {"train": rows},
+        tokenizer.pad_token_id,
+        truncation,
+        dcfg.eval_batch_size,
+        accelerator,
+        average,
+    )
+    pairs = splits.pairs["train"]
 
     # The reference: with LoRA, as the stage, the policy with its adapters disabled (one copy of the weights);
     # without, a copy of the SFT policy, freed before the policy loads.
@@ -199,14 +204,13 @@ def dpo_workload(cfg: Config, run: RunDir, n: int, accelerator) -> OfflineWorklo
         reference_model = reference_policy(policy, run.model_dir("sft"), accelerator.device)
     else:
         reference_model = load_policy(run.model_dir("sft")).to(accelerator.device)
-    average = DPO_AVERAGES_LOGPS[dcfg.loss_type]
-    ref_logps = split_logps(reference_model, pairs, collate, dcfg.eval_batch_size, accelerator, average)  # (N, 2)
+    ref_logps = splits.logps(reference_model, "train")  # (N, 2)
     del reference_model
     loss_fn = make_loss_fn(dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, PrecomputedReference({"train": ref_logps}))
     policy = policy if policy is not None else load_policy(run.model_dir("sft"))
     lengths = [shared_prompt_pair_length(p) for p in pairs]
     return OfflineWorkload(
-        policy, list(range(len(pairs))), lengths, collate_indexed, loss_fn, tokenizer.pad_token_id,
+        policy, list(range(len(pairs))), lengths, splits.collate_train, loss_fn, tokenizer.pad_token_id,
         lambda b: pair_sequences(b, True),
     )  # fmt: skip
 

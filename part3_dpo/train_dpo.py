@@ -47,15 +47,8 @@ if __name__ == "__main__":
 
 import torch
 
-from rlhf import task
 from rlhf.analysis.plots import plot_training_curves
-from rlhf.core.batching import (
-    collate_shared_prompt_pairs,
-    encode_pairs,
-    encode_texts,
-    length_order,
-    shared_prompt_pair_length,
-)
+from rlhf.core.batching import encode_pairs, shared_prompt_pair_length
 from rlhf.core.losses import DPO_AVERAGES_LOGPS
 from rlhf.core.stages import STAGES
 from rlhf.data import read_jsonl, write_jsonl
@@ -64,20 +57,18 @@ from rlhf.methods.dpo import (
     DPOObjective,
     OnTheFlyReference,
     PrecomputedReference,
+    PreferenceSplits,
     Throughput,
-    indexed_pairs,
     make_loss_fn,
-    split_logps,
 )
 from rlhf.methods.reference_cache import load_ref_cache, ref_cache_fingerprints, save_ref_cache, weights_sha256
 from rlhf.models.checkpoint import save_pretrained_atomic
 from rlhf.models.lora import load_trainable_policy, reference_policy
 from rlhf.models.memory import peak_memory_mb
 from rlhf.models.modeling import load_tokenizer
-from rlhf.models.training import forward_map, make_accelerator
-from rlhf.online.held_out import eval_metrics, gold_against_sft
+from rlhf.models.training import make_accelerator
+from rlhf.online.held_out import HeldOutSamples, eval_metrics
 from rlhf.rollout.batch import eval_sampling
-from rlhf.rollout.generate import sample_responses, sampling_seeds
 from rlhf.stage.run import stage_seed
 from rlhf.stage.tracking import MetricLogger
 
@@ -109,17 +100,17 @@ def main(argv: list[str] | None = None) -> None:
         keep = torch.randperm(len(rows["train"]), generator=torch.Generator().manual_seed(seed))[: dcfg.max_train_pairs]
         rows["train"] = [rows["train"][i] for i in sorted(keep.tolist())]
     rows = {split: split_rows for split, split_rows in rows.items() if split_rows}
-    pairs = {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()}
     truncation = (cfg.data.max_prompt_tokens, cfg.data.max_response_tokens + 1)  # +1: the EOS
-
-    def collate(batch_pairs):
-        return collate_shared_prompt_pairs(batch_pairs, tokenizer.pad_token_id, *truncation)
-
-    def collate_indexed(indices):  # fit's examples are train indices, so a batch finds its cached reference
-        return indexed_pairs(collate, pairs["train"], indices)
-
-    def score_split(model, split):
-        return split_logps(model, pairs[split], collate, dcfg.eval_batch_size, accelerator, average)
+    splits = PreferenceSplits(
+        {split: encode_pairs(tokenizer, split_rows) for split, split_rows in rows.items()},
+        rows,
+        tokenizer.pad_token_id,
+        truncation,
+        dcfg.eval_batch_size,
+        accelerator,
+        average,
+    )
+    pairs = splits.pairs
 
     # 2. Reference = SFT. Precomputed: one forward-only pass, cached, then the model is freed. With LoRA the
     #    reference is the policy with its adapters disabled (no copy).
@@ -133,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         ref_logps = load_ref_cache(cache_path, fingerprints)
         cached_splits = sorted(ref_logps)
         missing = [split for split in pairs if split not in ref_logps]
-        ref_logps.update({split: score_split(ref_model, split) for split in missing})
+        ref_logps.update({split: splits.logps(ref_model, split) for split in missing})
         if missing and accelerator.is_main_process:
             save_ref_cache(cache_path, fingerprints, ref_logps)
         reference = PrecomputedReference(ref_logps)
@@ -142,38 +133,19 @@ def main(argv: list[str] | None = None) -> None:
             parts.append(f"{', '.join(missing)} computed, cached in {cache_path}")
         accelerator.print(f"[dpo] reference log-probs: {'; '.join(parts)}")
     else:
-        reference = OnTheFlyReference(ref_model, average, score_split, accelerator)
+        reference = OnTheFlyReference(ref_model, average, splits.logps, accelerator)
     timing["ref_logps"] = time.perf_counter() - t0
 
     # 3. Held-out prompts, sampled from the SFT policy now and from the DPO policy later with the same
     #    seed and settings, so the gold judge compares two policies rather than two rolls of the dice.
     eval_prompts = list(dict.fromkeys(row["prompt"] for row in rows.get("val", [])))[: dcfg.eval_prompts]
-    sampling = eval_sampling(cfg)  # held-out checks decode as the test does
     gold_judge = cfg.data.path == "embedded" and bool(eval_prompts)
-
-    def sample_held_out(model) -> list[tuple[str, bool]]:
-        """Prompt i samples from its own seed, whichever process it is sharded to; torch's RNG is left alone."""
-        model = accelerator.unwrap_model(model).eval()  # generate() lives on the unwrapped module
-
-        def sample(batch: list[tuple[int, str]]) -> list[tuple[str, bool]]:
-            ids = encode_texts(tokenizer, [prompt for _, prompt in batch])
-            with accelerator.autocast():
-                out = sample_responses(model, tokenizer, ids, sampling, row_seeds=[seed for seed, _ in batch])
-            return list(zip(out.texts, out.finished))
-
-        seeds = sampling_seeds(seed, 0, range(len(eval_prompts)))
-        return forward_map(sample, list(zip(seeds, eval_prompts)), dcfg.eval_batch_size, accelerator)
-
+    held_out = HeldOutSamples(  # decoded as the test decodes
+        tokenizer, eval_prompts, eval_sampling(cfg), seed, dcfg.eval_batch_size, accelerator, gold_judge
+    )
     t0 = time.perf_counter()
-    sft_samples = sample_held_out(ref_model)
-    sft_scores = [task.gold_score(p, text) for p, (text, _) in zip(eval_prompts, sft_samples)] if gold_judge else []
+    held_out.sample_sft(ref_model)
     timing["sft_samples"] = time.perf_counter() - t0
-
-    def judge_against_sft(policy_samples) -> tuple[dict, list[float]]:
-        """The gold judge on the policy's samples against the SFT samples of the same prompts, under the keys of
-        every policy stage's held-out comparison (`gold_against_sft`) -> (that comparison, the policy's scores)."""
-        scores = [task.gold_score(p, text) for p, (text, _) in zip(eval_prompts, policy_samples)]
-        return gold_against_sft(scores, sft_scores), scores
 
     if dcfg.precompute_ref:
         del ref_model  # training never sees the reference model
@@ -190,43 +162,19 @@ def main(argv: list[str] | None = None) -> None:
     loss_fn = make_loss_fn(
         dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, reference, throughput, dcfg.length_heuristic, dcfg.rpo_alpha
     )
-    has_gold = {split: "gold_chosen" in rows[split][0] for split in rows}
     objective = DPOObjective(dcfg.loss_type, dcfg.beta, dcfg.label_smoothing, dcfg.length_heuristic, dcfg.rpo_alpha)
 
-    def evaluate_split(model, split) -> dict[str, float]:
-        """Implicit-reward preference accuracy (and the loss's other stats) on a held-out split."""
-        policy_logps, ref = score_split(model, split), reference.split(split)  # (N, 2) each
-        cap = truncation[1]  # lengths as collated
-        chosen_lengths = torch.tensor([min(len(pair.chosen_ids), cap) for pair in pairs[split]])  # (N,)
-        rejected_lengths = torch.tensor([min(len(pair.rejected_ids), cap) for pair in pairs[split]])  # (N,)
-        loss, stats = objective(
-            policy_logps[:, 0],
-            policy_logps[:, 1],
-            ref[:, 0],
-            ref[:, 1],
-            length_order(chosen_lengths, rejected_lengths),
-            chosen_lengths,
-        )
-        metrics = {f"dpo/{split}/loss": loss.item(), **{f"dpo/{split}/{k}": v.item() for k, v in stats.items()}}
-        if has_gold[split]:
-            implicit_prefers_chosen = ((policy_logps[:, 0] - ref[:, 0]) > (policy_logps[:, 1] - ref[:, 1])).tolist()
-            gold_prefers_chosen = [row["gold_chosen"] > row["gold_rejected"] for row in rows[split]]
-            metrics[f"dpo/{split}/gold_accuracy"] = sum(
-                a == g for a, g in zip(implicit_prefers_chosen, gold_prefers_chosen)
-            ) / len(rows[split])
-        return metrics
-
     def evaluate(model):  # every dpo.eval_every steps: the implicit-reward and gold curves
-        metrics = evaluate_split(model, "val") if "val" in pairs else {}
+        metrics = splits.evaluate(model, "val", reference, objective) if "val" in pairs else {}
         if gold_judge:
-            metrics.update(eval_metrics("dpo", judge_against_sft(sample_held_out(model))[0]))
+            metrics.update(eval_metrics("dpo", held_out.against_sft(held_out.sample(model))[0]))
         return metrics
 
     logger = MetricLogger("dpo", run.stage("dpo"), run.tensorboard_dir("dpo"), cfg, enabled=accelerator.is_main_process)
 
     def log_step_zero() -> None:  # the policy IS the SFT model, so its samples are the SFT samples (all ties)
         if gold_judge:
-            logger.log(0, eval_metrics("dpo", judge_against_sft(sft_samples)[0]))
+            logger.log(0, eval_metrics("dpo", held_out.against_sft(held_out.sft_samples)[0]))
 
     t0 = time.perf_counter()
     policy, loop = fit(
@@ -238,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         model=policy,
         examples=list(range(len(pairs["train"]))),
         lengths=[shared_prompt_pair_length(p) for p in pairs["train"]],
-        collate=collate_indexed,
+        collate=splits.collate_train,
         loss_fn=loss_fn,
         evaluate=evaluate,
         logger=logger,
@@ -251,11 +199,11 @@ def main(argv: list[str] | None = None) -> None:
 
     # 5. Held-out: implicit-reward accuracy vs the explicit reward model's, on the same pairs.
     t0 = time.perf_counter()
-    held_out: dict[str, float] = {}
+    held_out_metrics: dict[str, float] = {}
     for split in ("val", "test"):
         if split in pairs:
-            held_out.update(evaluate_split(policy, split))
-    logger.log(loop["steps"], held_out)
+            held_out_metrics.update(splits.evaluate(policy, split, reference, objective))
+    logger.log(loop["steps"], held_out_metrics)
     reward_model = run.read_summary().get("reward_model", {})
     results: dict = {
         "loss_type": dcfg.loss_type,
@@ -278,16 +226,16 @@ def main(argv: list[str] | None = None) -> None:
     for split in ("val", "test"):
         if split not in pairs:
             continue
-        results[f"{split}_accuracy"] = held_out[f"dpo/{split}/rewards/accuracies"]
-        results[f"{split}_margin_mean"] = held_out[f"dpo/{split}/rewards/margins"]
-        results[f"{split}_loss"] = held_out[f"dpo/{split}/loss"]
-        if f"dpo/{split}/gold_accuracy" in held_out:
-            results[f"{split}_gold_accuracy"] = held_out[f"dpo/{split}/gold_accuracy"]
+        results[f"{split}_accuracy"] = held_out_metrics[f"dpo/{split}/rewards/accuracies"]
+        results[f"{split}_margin_mean"] = held_out_metrics[f"dpo/{split}/rewards/margins"]
+        results[f"{split}_loss"] = held_out_metrics[f"dpo/{split}/loss"]
+        if f"dpo/{split}/gold_accuracy" in held_out_metrics:
+            results[f"{split}_gold_accuracy"] = held_out_metrics[f"dpo/{split}/gold_accuracy"]
         results[f"reward_model_{split}_accuracy"] = reward_model.get(f"{split}_accuracy")
         results[f"reward_model_{split}_gold_accuracy"] = reward_model.get(f"{split}_gold_accuracy")
 
     # 6. Samples on held-out prompts; on the embedded task the gold judge compares DPO with SFT head to head.
-    dpo_samples = sample_held_out(policy)
+    dpo_samples, sft_samples = held_out.sample(policy), held_out.sft_samples
     samples = [
         {"prompt": p, "dpo_response": d, "dpo_finished": df, "sft_response": s, "sft_finished": sf}
         for p, (d, df), (s, sf) in zip(eval_prompts, dpo_samples, sft_samples)
@@ -297,9 +245,9 @@ def main(argv: list[str] | None = None) -> None:
         results["eos_rate"] = sum(df for _, df in dpo_samples) / len(dpo_samples)
         results["sft_eos_rate"] = sum(sf for _, sf in sft_samples) / len(sft_samples)
     if gold_judge:
-        gold, dpo_scores = judge_against_sft(dpo_samples)
+        gold, dpo_scores = held_out.against_sft(dpo_samples)
         logger.log(loop["steps"], eval_metrics("dpo", gold))
-        for sample, dpo_score, sft_score in zip(samples, dpo_scores, sft_scores):
+        for sample, dpo_score, sft_score in zip(samples, dpo_scores, held_out.sft_scores):
             sample.update(dpo_gold_score=dpo_score, sft_gold_score=sft_score)
         results.update(gold)
     timing["eval"] = time.perf_counter() - t0

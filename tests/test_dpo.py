@@ -170,6 +170,31 @@ def test_split_logps_returns_pairs_in_their_original_order():
         assert all_at_once[i].tolist() == pytest.approx(expected, abs=1e-5)
 
 
+def test_a_held_out_split_is_scored_against_its_reference_and_the_gold_labels():
+    """PreferenceSplits.evaluate: the objective's loss and stats on the split's log-probs against the reference's,
+    as dpo/<split>/* metrics, and the share of pairs whose implicit reward (log-ratio to the reference) orders the
+    two responses as the gold scores do, by hand."""
+    policy, ref = tiny_lm(0), tiny_lm(1)
+    pairs = random_pairs(7, seed=4)
+    gold = [(1.0, 0.0), (0.0, 1.0), (2.0, 1.0), (0.5, 0.7), (1.0, 3.0), (3.0, 2.0), (0.0, 0.1)]
+    rows = [{"gold_chosen": c, "gold_rejected": r} for c, r in gold]
+    splits = dpo.PreferenceSplits({"val": pairs}, {"val": rows}, PAD, (8, 6), 3, CPU, False)
+    reference = dpo.PrecomputedReference({"val": splits.logps(ref, "val")})
+    objective = dpo.DPOObjective("sigmoid", 0.5)
+    metrics = splits.evaluate(policy, "val", reference, objective)
+
+    policy_logps, ref_logps = splits.logps(policy, "val"), reference.split("val")  # (7, 2) each
+    margins = (policy_logps[:, 0] - ref_logps[:, 0]) - (policy_logps[:, 1] - ref_logps[:, 1])  # (7,)
+    assert margins.abs().min() > 1e-4  # no pair whose order rounding could flip
+    by_hand = sum((m > 0) == (c > r) for m, (c, r) in zip(margins.tolist(), gold)) / 7
+    assert metrics["dpo/val/gold_accuracy"] == pytest.approx(by_hand)
+    assert metrics["dpo/val/rewards/accuracies"] == pytest.approx(float((margins > 0).float().mean()))
+    expected = -torch.nn.functional.logsigmoid(0.5 * margins).mean()
+    assert metrics["dpo/val/loss"] == pytest.approx(expected.item(), rel=1e-5)
+    no_gold = dpo.PreferenceSplits({"val": pairs}, {"val": [{}] * 7}, PAD, (8, 6), 3, CPU, False)
+    assert "dpo/val/gold_accuracy" not in no_gold.evaluate(policy, "val", reference, objective)
+
+
 @pytest.mark.parametrize("loss_type", sorted(DPO_LOSSES))
 def test_loss_fn_dispatches_through_the_table_with_the_right_averaging(loss_type):
     policy, ref = tiny_lm(0), tiny_lm(1)

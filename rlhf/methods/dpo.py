@@ -11,7 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf.core.batching import EncodedPair, chosen_longer, shared_prompt_pair_length
+from rlhf.core.batching import (
+    EncodedPair,
+    chosen_longer,
+    collate_shared_prompt_pairs,
+    length_order,
+    shared_prompt_pair_length,
+)
 from rlhf.core.losses import DPO_AVERAGES_LOGPS, DPO_LOSSES, chosen_nll_loss, length_heuristic_dpo_loss
 from rlhf.core.ops import sequence_logps
 from rlhf.models.memory import peak_memory_mb
@@ -63,6 +69,60 @@ def indexed_pairs(collate: Callable[[list], dict], pairs: list[EncodedPair], ind
     """The collated batch of `pairs[i] for i in indices`, with `index` (B,): each row's position in `pairs`, by
     which `PrecomputedReference.batch` finds its reference log-probs."""
     return {**collate([pairs[i] for i in indices]), "index": torch.tensor(indices)}
+
+
+@dataclass
+class PreferenceSplits:
+    """The offline DPO stage's pairs, tokenized once, by split (train, val, test), with the rows they came from:
+    each pair collated as one `[prompt][chosen][rejected]` row cut to `truncation` (prompt tokens, response tokens
+    with the EOS), scored forward-only in batches of `batch_size`, sharded over the accelerator's processes, as
+    sums of the responses' log-probs or their means when `average` (IPO)."""
+
+    pairs: dict[str, list[EncodedPair]]
+    rows: dict[str, list[dict]]
+    pad_token_id: int
+    truncation: tuple[int, int]
+    batch_size: int
+    accelerator: object
+    average: bool
+
+    def collate(self, batch_pairs: list[EncodedPair]) -> dict:
+        return collate_shared_prompt_pairs(batch_pairs, self.pad_token_id, *self.truncation)
+
+    def collate_train(self, indices: list[int]) -> dict:
+        """A training batch by train indices, with their `index` (the loop's examples are indices, so a batch
+        finds its precomputed reference log-probs)."""
+        return indexed_pairs(self.collate, self.pairs["train"], indices)
+
+    def logps(self, model, split: str) -> torch.Tensor:
+        """(N, 2) [chosen, rejected] log-probs of `split`'s pairs under `model` (`split_logps`)."""
+        return split_logps(model, self.pairs[split], self.collate, self.batch_size, self.accelerator, self.average)
+
+    def evaluate(self, model, split: str, reference, objective: DPOObjective) -> dict[str, float]:
+        """`objective` on `split` against `reference` as `dpo/<split>/*` metrics: the loss, its stats (the
+        implicit-reward accuracy `rewards/accuracies`, margins, ...) and, where the rows carry gold scores, how often
+        the implicit reward prefers the response the gold judge prefers (`gold_accuracy`)."""
+        policy_logps, ref = self.logps(model, split), reference.split(split)  # (N, 2) each
+        cap = self.truncation[1]  # lengths as collated
+        chosen_lengths = torch.tensor([min(len(pair.chosen_ids), cap) for pair in self.pairs[split]])  # (N,)
+        rejected_lengths = torch.tensor([min(len(pair.rejected_ids), cap) for pair in self.pairs[split]])  # (N,)
+        loss, stats = objective(
+            policy_logps[:, 0],
+            policy_logps[:, 1],
+            ref[:, 0],
+            ref[:, 1],
+            length_order(chosen_lengths, rejected_lengths),
+            chosen_lengths,
+        )
+        metrics = {f"dpo/{split}/loss": loss.item(), **{f"dpo/{split}/{k}": v.item() for k, v in stats.items()}}
+        rows = self.rows[split]
+        if "gold_chosen" in rows[0]:
+            implicit_prefers_chosen = ((policy_logps[:, 0] - ref[:, 0]) > (policy_logps[:, 1] - ref[:, 1])).tolist()
+            gold_prefers_chosen = [row["gold_chosen"] > row["gold_rejected"] for row in rows]
+            metrics[f"dpo/{split}/gold_accuracy"] = sum(
+                a == g for a, g in zip(implicit_prefers_chosen, gold_prefers_chosen)
+            ) / len(rows)
+        return metrics
 
 
 class PrecomputedReference:

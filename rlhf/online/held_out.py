@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rlhf import task
 from rlhf.benchmarks.ifeval import instruction_reward
+from rlhf.core.batching import encode_texts
 from rlhf.core.winrates import head_to_head
+from rlhf.models.training import forward_map
 from rlhf.online.prompts import RLPrompts
 from rlhf.online.stats import gold_scores
 from rlhf.rollout.batch import SamplingConfig
 from rlhf.rollout.evaluation import sample_for_eval
+from rlhf.rollout.generate import sample_responses, sampling_seeds
 
 
 def append_samples(
@@ -201,6 +204,49 @@ class HeldOut:
             self.prompts.eval_texts, policy_eval, sft_eval, gold=self.gold, fields=self.prompts.eval_fields
         )
         return results, eval_rows(self.prompts.eval_texts, policy_eval, sft_eval)
+
+
+@dataclass
+class HeldOutSamples:
+    """The offline DPO stage's held-out check, which loads no reward model and samples without an engine: each of
+    `prompts` sampled by `generate` from its own seed (`sampling_seeds(seed, 0, ...)`, whichever process it is
+    sharded to; torch's RNG is left alone) at `sampling`, in batches of `batch_size`; with `gold` (the embedded
+    task) the gold judge compares a policy's answers with the SFT policy's (`sample_sft` first), under the keys of
+    every policy stage's held-out comparison (`gold_against_sft`)."""
+
+    tokenizer: object
+    prompts: list[str]
+    sampling: SamplingConfig
+    seed: int
+    batch_size: int
+    accelerator: object
+    gold: bool
+    sft_samples: list[tuple[str, bool]] = field(default_factory=list)  # (response, finished) per prompt
+    sft_scores: list[float] = field(default_factory=list)  # their gold scores (with `gold`)
+
+    def sample(self, model) -> list[tuple[str, bool]]:
+        """(response, finished) of `model` for every prompt."""
+        model = self.accelerator.unwrap_model(model).eval()  # generate() lives on the unwrapped module
+
+        def one_batch(batch: list[tuple[int, str]]) -> list[tuple[str, bool]]:
+            ids = encode_texts(self.tokenizer, [prompt for _, prompt in batch])
+            with self.accelerator.autocast():
+                out = sample_responses(model, self.tokenizer, ids, self.sampling, row_seeds=[s for s, _ in batch])
+            return list(zip(out.texts, out.finished))
+
+        seeds = sampling_seeds(self.seed, 0, range(len(self.prompts)))
+        return forward_map(one_batch, list(zip(seeds, self.prompts)), self.batch_size, self.accelerator)
+
+    def sample_sft(self, sft_model) -> None:
+        """The SFT policy's samples (and their gold scores), which every later comparison is against."""
+        self.sft_samples = self.sample(sft_model)
+        if self.gold:
+            self.sft_scores = [task.gold_score(p, text) for p, (text, _) in zip(self.prompts, self.sft_samples)]
+
+    def against_sft(self, samples: list[tuple[str, bool]]) -> tuple[dict, list[float]]:
+        """The gold judge on a policy's `samples` against SFT's -> (`gold_against_sft`, the policy's scores)."""
+        scores = [task.gold_score(p, text) for p, (text, _) in zip(self.prompts, samples)]
+        return gold_against_sft(scores, self.sft_scores), scores
 
 
 def eval_metrics(stage: str, results: dict) -> dict[str, float]:
