@@ -268,6 +268,13 @@ def test_a_negative_rpo_alpha_is_refused_at_start_up(section):
         check(cfg)
 
 
+def test_online_dpo_has_no_token_budget_and_says_so_in_one_line():
+    cfg = load_config(REPO / "configs" / "tiny.yaml", ["online_dpo.micro_batch_tokens=100"])
+    with pytest.raises(UserError, match=r"^online_dpo.micro_batch_tokens=100: .*set online_dpo.micro_batch_size$"):
+        check_online_dpo_config(cfg.online_dpo)
+    check_online_dpo_config(load_config(REPO / "configs" / "tiny.yaml", []).online_dpo)  # unset: no error
+
+
 def test_reference_cache_loads_only_splits_with_their_own_fingerprint(tmp_path):
     path = tmp_path / train_dpo.REF_CACHE_FILE
     values = {"train": torch.tensor([[-1.5, -2.0]]), "val": torch.tensor([[-3.0, -0.5], [-1.0, -1.0]])}
